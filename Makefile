@@ -1,0 +1,35 @@
+# One place for set-up: `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 goes in first and alone: anything that pulls a plain `torch` later is then satisfied
+# and pip does not download a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: setup
+	$(PY) examples/digits.py
+
+test: setup
+	$(VENV)/bin/ruff check hora tests bench examples
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check hora tests bench examples
+	$(VENV)/bin/ruff format --check hora tests bench examples
+
+bench: setup
+	$(PY) bench/launch.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

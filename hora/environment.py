@@ -1,0 +1,108 @@
+"""The worker contract: the environment every rank sees, whatever engine started it.
+
+One function builds it for local processes and Spark tasks alike, so the same `main` runs
+unchanged on both. The variables are torchrun's (so `init_process_group("gloo")` with no
+arguments works) plus Horovod's (so `hvd.init()` finds its place).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+# Tells torch.distributed that the launcher hosts the TCPStore at MASTER_ADDR:MASTER_PORT and every
+# rank, rank 0 included, connects to it as a client. The launcher binds that port itself and keeps
+# it, so no rank ever races to bind a port somebody else might take.
+AGENT_STORE_VARS = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
+
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class RankPlacement:
+    """Where one rank sits: its global, local (per host) and cross (host index) coordinates."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+def placements(hosts: list[str]) -> list[RankPlacement]:
+    """Placements for ranks given each rank's host, in rank order.
+
+    Local ranks count the ranks on the same host; cross ranks number the hosts in order of their
+    first rank, as Horovod does.
+    """
+    host_order: list[str] = []
+    for host in hosts:
+        if host not in host_order:
+            host_order.append(host)
+    per_host = {host: [r for r, h in enumerate(hosts) if h == host] for host in host_order}
+    return [
+        RankPlacement(
+            rank=rank,
+            size=len(hosts),
+            local_rank=per_host[host].index(rank),
+            local_size=len(per_host[host]),
+            cross_rank=host_order.index(host),
+            cross_size=len(host_order),
+        )
+        for rank, host in enumerate(hosts)
+    ]
+
+
+def threads_per_rank(local_size: int, cores: int | None = None) -> int:
+    """CPU threads each rank may use so that `local_size` ranks do not oversubscribe the host."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, local_size))
+
+
+def worker_env(
+    placement: RankPlacement,
+    master_addr: str,
+    master_port: int,
+    *,
+    agent_store: bool = True,
+    cores: int | None = None,
+    base: Mapping[str, str] | None = None,
+    user_env: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """A worker's whole environment: `base` (the launcher's own), the contract, then `user_env`.
+
+    Thread counts and the gloo interface are defaults: a value already in `base` is kept.
+    """
+    p = placement
+    env = dict(os.environ if base is None else base)
+    env |= {
+        "RANK": str(p.rank),
+        "WORLD_SIZE": str(p.size),
+        "LOCAL_RANK": str(p.local_rank),
+        "LOCAL_WORLD_SIZE": str(p.local_size),
+        "GROUP_RANK": str(p.cross_rank),
+        "GROUP_WORLD_SIZE": str(p.cross_size),
+        "ROLE_RANK": str(p.rank),
+        "ROLE_WORLD_SIZE": str(p.size),
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "HOROVOD_RANK": str(p.rank),
+        "HOROVOD_SIZE": str(p.size),
+        "HOROVOD_LOCAL_RANK": str(p.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(p.local_size),
+        "HOROVOD_CROSS_RANK": str(p.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(p.cross_size),
+        "PYTHONUNBUFFERED": "1",
+    }
+    if agent_store:
+        env.update(AGENT_STORE_VARS)
+    threads = str(threads_per_rank(p.local_size, cores))
+    for name in THREAD_VARS:
+        env.setdefault(name, threads)
+    if master_addr in ("127.0.0.1", "localhost"):
+        # gloo otherwise resolves the hostname, which may point at an external interface.
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.update(user_env or {})
+    return env
