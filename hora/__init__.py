@@ -1,1 +1,27 @@
-"""hora."""
+"""hora: run a single-machine training function on N processes, locally or on Apache Spark.
+
+`hora.Runner(np).run(main, **kwargs)` is HorovodRunner's contract, `hora.run(fn, ...)` is
+horovod.run's, `hora.torch` is Horovod's PyTorch API on torch.distributed.
+"""
+
+from hora._logs import log_to_driver as log_to_driver
+from hora.api import HorovodRunner as HorovodRunner
+from hora.api import Runner as Runner
+from hora.api import run as run
+from hora.errors import HoraError as HoraError
+from hora.errors import RunTimeoutError as RunTimeoutError
+from hora.errors import UnpicklableError as UnpicklableError
+from hora.errors import WorkerFailedError as WorkerFailedError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "HoraError",
+    "HorovodRunner",
+    "RunTimeoutError",
+    "Runner",
+    "UnpicklableError",
+    "WorkerFailedError",
+    "log_to_driver",
+    "run",
+]

@@ -1,0 +1,95 @@
+"""Turn the user's function and arguments into bytes, and say exactly what could not be pickled.
+
+cloudpickle's own error ("cannot pickle '_thread.lock' object") names a type, not the culprit; a
+user with a `SummaryWriter` captured in a closure needs the variable's name to fix it.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import cloudpickle
+
+from hora.errors import UnpicklableError
+
+_MAX_DEPTH = 4
+
+
+def dumps_job(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """Pickle `(fn, args, kwargs)`, raising `UnpicklableError` that names the culprit."""
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    except Exception as exc:
+        name = getattr(fn, "__qualname__", repr(fn))
+        parts = [(f"function {name}", fn)]
+        parts += [(f"positional argument {i}", a) for i, a in enumerate(args)]
+        parts += [(f"argument {k!r}", v) for k, v in kwargs.items()]
+        culprit = _first_culprit(parts) or f"function {name}"
+        raise UnpicklableError(
+            f"hora cannot send {name} to the workers: {culprit} cannot be pickled "
+            f"({type(exc).__name__}: {exc}). Create such objects inside the function, on each "
+            "worker, instead of capturing them from the driver or passing them as arguments."
+        ) from exc
+
+
+def dumps_result(value: Any, rank: int) -> bytes:
+    """Pickle a worker's return value, naming what in it cannot be pickled."""
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:
+        culprit = _first_culprit([(f"the return value ({type(value).__name__})", value)])
+        raise UnpicklableError(
+            f"the return value of rank {rank} cannot be pickled: {culprit} is not picklable "
+            f"({type(exc).__name__}: {exc}). Return plain data (numbers, tensors, state_dicts)."
+        ) from exc
+
+
+def _picklable(obj: Any) -> bool:
+    try:
+        cloudpickle.dumps(obj)
+    except Exception:
+        return False
+    return True
+
+
+def _first_culprit(parts: list[tuple[str, Any]], depth: int = 0) -> str | None:
+    """Description of the deepest unpicklable piece reachable from the first failing part."""
+    for label, obj in parts:
+        if _picklable(obj):
+            continue
+        if depth < _MAX_DEPTH:
+            inner = _first_culprit(list(_children(obj)), depth + 1)
+            if inner:
+                return f"{inner}, reached from {label}" if depth == 0 else f"{inner} in {label}"
+        return f"{label} (a {type(obj).__name__})"
+    return None
+
+
+def _children(obj: Any) -> Iterator[tuple[str, Any]]:
+    """The named pieces of `obj` that pickling it would pickle too."""
+    if isinstance(obj, types.MethodType):
+        yield "its instance", obj.__self__
+        obj = obj.__func__
+    if isinstance(obj, types.FunctionType):
+        cells = obj.__closure__ or ()
+        for var, cell in zip(obj.__code__.co_freevars, cells, strict=False):
+            try:
+                yield f"variable {var!r} captured by {obj.__name__}", cell.cell_contents
+            except ValueError:  # empty cell
+                continue
+        for var in obj.__code__.co_names:
+            if var in obj.__globals__ and not isinstance(obj.__globals__[var], types.ModuleType):
+                yield f"global {var!r} used by {obj.__name__}", obj.__globals__[var]
+        for i, default in enumerate(obj.__defaults__ or ()):
+            yield f"default {i} of {obj.__name__}", default
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield f"key {k!r}", v
+    elif isinstance(obj, list | tuple | set | frozenset):
+        for i, v in enumerate(obj):
+            yield f"item {i}", v
+    elif hasattr(obj, "__dict__"):
+        for k, v in vars(obj).items():
+            yield f"attribute {k!r}", v

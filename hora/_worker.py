@@ -1,0 +1,102 @@
+"""The worker bootstrap: `python -m hora._worker`, one per rank, whatever engine started it.
+
+It reads the driver's address and the run's secret from stdin (never from the environment, which
+other processes of the user can read), fetches the pickled job over the authenticated channel,
+runs it and sends back its result or its failure. If the driver goes away first, the worker
+kills its own process group: no orphan trains on after a crashed or interrupted driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import cloudpickle
+
+from hora import _channel, _logs
+from hora._payload import dumps_result
+
+BOOT_ENV_FLAG = "HORA_WORKER"
+_HORA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _watch_driver(conn: _channel.Connection, done: threading.Event) -> None:
+    """Kill this worker's process group if the driver's channel closes before the job is done."""
+    with contextlib.suppress(Exception):
+        conn.recv()
+    if not done.is_set():
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def _is_launcher_frame(filename: str) -> bool:
+    return filename.startswith(_HORA_DIR) or filename.startswith("<frozen runpy>")
+
+
+def _failure(rank: int, exc: BaseException) -> dict[str, Any]:
+    """The failure as the user should read it: their traceback, without hora's frames on top."""
+    tb = exc.__traceback__
+    while (
+        tb is not None
+        and tb.tb_next is not None
+        and _is_launcher_frame(tb.tb_frame.f_code.co_filename)
+    ):
+        tb = tb.tb_next
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    summary = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return {"rank": rank, "summary": summary, "traceback": text, "time": time.time()}
+
+
+def _run(rank: int, conn: _channel.Connection) -> int:
+    _kind, payload, want_result = conn.recv()
+    done = threading.Event()
+    threading.Thread(target=_watch_driver, args=(conn, done), daemon=True).start()
+    _logs.attach(conn, rank)
+    try:
+        fn, args, kwargs = cloudpickle.loads(payload)
+        result = fn(*args, **kwargs)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            result = None
+        else:
+            failure = _failure(rank, exc)
+            failure["summary"] = f"called sys.exit({exc.code!r})"
+            return _report(conn, done, ("error", failure))
+    except BaseException as exc:
+        return _report(conn, done, ("error", _failure(rank, exc)))
+    try:
+        data = dumps_result(result, rank) if want_result else None
+    except Exception as exc:
+        return _report(conn, done, ("error", _failure(rank, exc)))
+    return _report(conn, done, ("result", rank, data), status=0)
+
+
+def _report(conn: _channel.Connection, done: threading.Event, message: Any, status: int = 1) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    done.set()
+    _logs.detach()
+    conn.send(message)
+    return status
+
+
+def main() -> None:
+    boot = json.loads(sys.stdin.readline())
+    rank = int(boot["rank"])
+    os.environ[BOOT_ENV_FLAG] = "1"
+    conn = _channel.connect(tuple(boot["address"]), bytes.fromhex(boot["secret"]))
+    conn.send(("hello", rank, os.getpid(), socket.gethostname()))
+    status = _run(rank, conn)
+    conn.close()
+    sys.exit(status)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The doors: HorovodRunner's `Runner(np).run(main, **kwargs)` and horovod's `run(fn, ...)`."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from hora._job import Job
+from hora._payload import dumps_job
+from hora.config import Backend, RunConfig, Verbosity
+from hora.launchers import make_launcher
+
+
+class Runner:
+    """Run a training function on `np` processes: HorovodRunner's contract.
+
+    `np < 0` runs `-np` worker processes on this machine; `np > 0` runs a Spark barrier stage of
+    `np` tasks on the active SparkSession. `driver_log_verbosity="all"` streams every rank's
+    output to the driver; `"log_callback_only"` only what the workers send with `log_to_driver`.
+    """
+
+    def __init__(
+        self,
+        np: int,
+        *,
+        driver_log_verbosity: Verbosity = "all",
+        start_timeout: float = 600,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ):
+        if isinstance(np, bool) or not isinstance(np, int):
+            raise ValueError(f"np must be an int, got {np!r}")
+        if np == 0:
+            raise ValueError(
+                "np=0 (all of the cluster's slots) is not supported: pass np=-N to run N "
+                "processes on this machine, or np=N for N Spark tasks"
+            )
+        self.np = np
+        self.config = RunConfig(
+            np=abs(np),
+            backend="local" if np < 0 else "spark",
+            driver_log_verbosity=driver_log_verbosity,
+            start_timeout=start_timeout,
+            timeout=timeout,
+            env=dict(env or {}),
+        )
+
+    def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
+        """Run `main(**kwargs)` on every rank; return rank 0's return value."""
+        return _launch(main, (), kwargs, self.config, collect_all=False)[0]
+
+
+HorovodRunner = Runner
+
+
+def run(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    np: int,
+    backend: Literal["auto", "local", "spark"] = "auto",
+    env: Mapping[str, str] | None = None,
+    start_timeout: float = 600,
+    timeout: float | None = None,
+    driver_log_verbosity: Verbosity = "all",
+) -> list[Any]:
+    """Run `fn(*args, **kwargs)` on `np` processes; return every rank's value in rank order.
+
+    `backend="auto"` uses Spark when a SparkSession is active, else local processes.
+    """
+    config = RunConfig(
+        np=np,
+        backend=_resolve_backend(backend),
+        driver_log_verbosity=driver_log_verbosity,
+        start_timeout=start_timeout,
+        timeout=timeout,
+        env=dict(env or {}),
+    )
+    return _launch(fn, tuple(args), dict(kwargs or {}), config, collect_all=True)
+
+
+def _resolve_backend(backend: str) -> Backend:
+    if backend == "auto":
+        return "spark" if _active_spark_session() else "local"
+    if backend not in ("local", "spark"):
+        raise ValueError(f"backend must be 'auto', 'local' or 'spark', got {backend!r}")
+    return backend  # type: ignore[return-value]
+
+
+def _active_spark_session() -> bool:
+    if "pyspark" not in sys.modules:  # never import Spark just to find out it is not in use
+        return False
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() is not None
+
+
+def _launch(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    config: RunConfig,
+    collect_all: bool,
+) -> list[Any]:
+    if not callable(fn):
+        raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
+    payload = dumps_job(fn, args, kwargs)
+    return Job(config, payload, make_launcher(config), collect_all).run()

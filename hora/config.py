@@ -1,0 +1,53 @@
+"""The one validated description of a run: every door (Runner, run, the CLI) builds one of these.
+
+Bad input fails here, before anything is launched, with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Backend = Literal["local", "spark"]
+Verbosity = Literal["all", "log_callback_only"]
+BACKENDS = ("local", "spark")
+VERBOSITIES = ("all", "log_callback_only")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How many processes, on which engine, under which limits."""
+
+    np: int
+    backend: Backend = "local"
+    driver_log_verbosity: Verbosity = "all"
+    start_timeout: float = 600.0
+    timeout: float | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np <= 0:
+            raise ValueError(f"the number of processes must be a positive int, got np={self.np!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.driver_log_verbosity not in VERBOSITIES:
+            raise ValueError(
+                f"driver_log_verbosity must be one of {VERBOSITIES}, "
+                f"got {self.driver_log_verbosity!r}"
+            )
+        _check_seconds("start_timeout", self.start_timeout)
+        if self.timeout is not None:
+            _check_seconds("timeout", self.timeout)
+        bad = {k: v for k, v in dict(self.env).items() if not (_is_str(k) and _is_str(v))}
+        if bad:
+            raise ValueError(f"env must map str to str; fix these entries: {bad!r}")
+
+
+def _is_str(value: object) -> bool:
+    return isinstance(value, str)
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")

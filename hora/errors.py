@@ -1,0 +1,45 @@
+"""The exceptions a driver sees. Each pickles, so they cross process and Spark boundaries intact."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class HoraError(Exception):
+    """Base of every error hora raises about a job."""
+
+    def __reduce__(self):  # type: ignore[override]
+        return (self.__class__, self.args)
+
+
+class WorkerFailedError(HoraError):
+    """The job failed: a rank raised, exited non-zero or died. The message leads with the cause.
+
+    `rank` is the rank that failed first, `failed_ranks` every rank seen failing.
+    """
+
+    def __init__(self, message: str, rank: int | None = None, failed_ranks: Sequence[int] = ()):
+        super().__init__(message, rank, tuple(failed_ranks))
+        self.rank = rank
+        self.failed_ranks = tuple(failed_ranks)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class RunTimeoutError(HoraError, TimeoutError):
+    """Workers did not all start within `start_timeout`, or the job ran past `timeout`.
+
+    `ranks` are the ranks that had not started (start timeout) or were still running (timeout).
+    """
+
+    def __init__(self, message: str, ranks: Sequence[int] = ()):
+        super().__init__(message, tuple(ranks))
+        self.ranks = tuple(ranks)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class UnpicklableError(HoraError, TypeError):
+    """The training function, its arguments or its return value cannot be pickled."""

@@ -1,0 +1,101 @@
+"""One worker process: started in its own session, its output pumped line by line, killed whole.
+
+Shared by every engine: the local launcher starts these on the driver, the Spark engine inside
+each barrier task, so a fresh interpreter (with CUDA_VISIBLE_DEVICES already set) runs the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+OnLine = Callable[[str, str], None]  # (stream name, line without its newline)
+OnExit = Callable[[int], None]  # the return code: negative for a signal
+
+_PUMP_GRACE_SECONDS = 1.0
+
+
+class WorkerProcess:
+    """`python -m hora._worker` for one rank; `on_exit` fires after its last output line."""
+
+    def __init__(
+        self,
+        boot: Mapping[str, object],
+        env: Mapping[str, str],
+        on_line: OnLine,
+        on_exit: OnExit,
+        cwd: str | None = None,
+    ):
+        self._proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "hora._worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,  # its own process group: one signal reaches all it started
+        )
+        self.pid = self._proc.pid
+        assert self._proc.stdin is not None
+        self._proc.stdin.write((json.dumps(dict(boot)) + "\n").encode())
+        self._proc.stdin.close()
+        self._pumps = [
+            threading.Thread(target=_pump, args=(stream, name, on_line), daemon=True)
+            for stream, name in ((self._proc.stdout, "stdout"), (self._proc.stderr, "stderr"))
+        ]
+        for pump in self._pumps:
+            pump.start()
+        self._waiter = threading.Thread(target=self._wait, args=(on_exit,), daemon=True)
+        self._waiter.start()
+
+    def _wait(self, on_exit: OnExit) -> None:
+        code = self._proc.wait()
+        # A grandchild holding the pipes open must not delay the news of this death for long.
+        for pump in self._pumps:
+            pump.join(timeout=_PUMP_GRACE_SECONDS)
+        on_exit(code)
+
+    def poll(self) -> int | None:
+        return self._proc.poll()
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the worker and everything it started (same process group)."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def join(self, timeout: float | None = None) -> None:
+        self._waiter.join(timeout)
+        for pump in self._pumps:
+            pump.join(timeout)
+        if not any(pump.is_alive() for pump in self._pumps):
+            for stream in (self._proc.stdout, self._proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+def _pump(stream, name: str, on_line: OnLine) -> None:
+    for raw in iter(stream.readline, b""):
+        on_line(name, raw.decode(errors="replace").rstrip("\r\n"))
+
+
+def stop_all(workers: list[WorkerProcess], grace: float) -> None:
+    """SIGTERM every worker's group, SIGKILL what is left after `grace` seconds, and reap them."""
+    alive = [w for w in workers if w.poll() is None]
+    for worker in alive:
+        worker.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [w for w in alive if w.poll() is None]
+    for worker in workers:
+        # Also the group of a worker that already exited: its children may still be around.
+        worker.signal_group(signal.SIGKILL)
+    for worker in workers:
+        worker.join(timeout=5)

@@ -1,0 +1,47 @@
+"""The local engine: `np` worker processes on this machine, the driver's children."""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from typing import Any
+
+from hora import environment
+from hora.launchers._base import LaunchContext, Launcher
+from hora.launchers._process import WorkerProcess, stop_all
+from hora.launchers._rendezvous import host_store
+
+LOOPBACK = "127.0.0.1"
+STOP_GRACE_SECONDS = 3.0
+
+
+class LocalLauncher(Launcher):
+    channel_host = LOOPBACK
+
+    def __init__(self) -> None:
+        self._workers: list[WorkerProcess] = []
+        self._store: Any = None
+
+    def start(self, ctx: LaunchContext) -> None:
+        self._store, port = host_store(LOOPBACK)
+        for place in environment.placements([LOOPBACK] * ctx.np):
+            env = environment.worker_env(place, LOOPBACK, port, user_env=ctx.env)
+            rank = place.rank
+            self._workers.append(
+                WorkerProcess(
+                    ctx.boot(rank),
+                    env,
+                    on_line=partial(_report_line, ctx, rank),
+                    on_exit=partial(ctx.report, "exit", rank),
+                    cwd=os.getcwd(),
+                )
+            )
+
+    def stop(self) -> None:
+        stop_all(self._workers, STOP_GRACE_SECONDS)
+        self._workers = []
+        self._store = None
+
+
+def _report_line(ctx: LaunchContext, rank: int, stream: str, line: str) -> None:
+    ctx.report("output", rank, stream, line)

@@ -1,0 +1,127 @@
+"""Tiny worker functions the launcher tests run for real in several processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+CONTRACT = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "OMP_NUM_THREADS",
+    "USER_VAR",
+)
+
+
+def rank_times(x: int) -> int:
+    return int(os.environ["RANK"]) * x
+
+
+def env_contract() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in CONTRACT}
+
+
+def gloo_allreduce() -> float:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # no arguments: the launcher's environment is enough
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()
+
+
+def fail_on(rank: int, how: str) -> None:
+    """Rank `rank` fails in the way named; the others wait forever (they must be stopped)."""
+    if int(os.environ["RANK"]) == rank:
+        print(f"rank {rank} about to fail", flush=True)
+        if how == "raise":
+            raise ValueError("deliberate failure")
+        if how == "exit":
+            os._exit(3)
+        if how == "sys.exit":
+            sys.exit(4)
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how == "segv":
+            os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(3600)
+
+
+def killed_while_peer_in_collective() -> None:
+    """Rank 1 dies by SIGKILL while rank 0 waits for it inside a gloo collective."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))
+
+
+def hang() -> None:
+    time.sleep(3600)
+
+
+def ignore_sigterm_and_hang() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(3600)
+
+
+def spawn_grandchild_and_hang() -> None:
+    """Starts a grandchild that would outlive a careless launcher."""
+    import subprocess
+
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    time.sleep(3600)
+
+
+def chatter(lines: int) -> str:
+    rank = os.environ["RANK"]
+    for i in range(lines):
+        print(f"out {rank} {i}")
+        print(f"err {rank} {i}", file=sys.stderr)
+    sys.stdout.write(f"last words of {rank} without newline")  # must not be lost at exit
+    return "done"
+
+
+def log_and_print() -> None:
+    from hora import log_to_driver
+
+    print("plain print that log_callback_only hides")
+    log_to_driver(f"callback message from {os.environ['RANK']}")
+
+
+def return_unpicklable() -> object:
+    return threading.Lock()
+
+
+def print_then_wait_for(marker: str) -> str:
+    """Prints a line, then waits for the driver's reader to create `marker` (proves liveness)."""
+    print("ready", flush=True)
+    deadline = time.monotonic() + 60
+    while not Path(marker).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the driver never saw the line live")
+        time.sleep(0.05)
+    return "seen"
+
+
+def exit_zero() -> None:
+    sys.exit(0)

@@ -1,0 +1,88 @@
+"""The driver channel: nothing is unpickled from a peer that has not proved it holds the secret."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import socket
+import struct
+import threading
+
+import pytest
+
+from hora import _channel
+
+
+class Boom:
+    def __reduce__(self):
+        return (exec, ("raise SystemExit('unpickled an unauthenticated frame')",))
+
+
+@pytest.fixture
+def server():
+    inbox: queue.Queue = queue.Queue()
+    srv = _channel.Server(_channel.new_secret(), inbox)
+    yield srv, inbox
+    srv.close()
+
+
+def test_authenticated_round_trip(server):
+    srv, inbox = server
+    conn = _channel.connect(srv.address, srv._secret)
+    conn.send(("hello", 1))
+    peer, message = inbox.get(timeout=5)
+    assert message == ("hello", 1)
+    peer.send("reply")
+    assert conn.recv() == "reply"
+    conn.close()
+    assert inbox.get(timeout=5)[1] is None  # the close is reported
+
+
+def test_wrong_secret_is_refused_and_nothing_is_delivered(server):
+    srv, inbox = server
+    with pytest.raises((_channel.AuthenticationFailed, ConnectionError)):
+        conn = _channel.connect(srv.address, b"not the secret" * 3)
+        conn.recv()
+    with pytest.raises(queue.Empty):
+        inbox.get(timeout=0.5)
+
+
+def test_a_pickle_sent_without_the_handshake_is_never_unpickled(server):
+    srv, inbox = server
+    sock = socket.create_connection(srv.address)
+    sock.recv(8 + 32)  # the server's challenge
+    frame = pickle.dumps(Boom())
+    sock.sendall(struct.pack("!Q", len(frame)) + frame)
+    with pytest.raises(queue.Empty):
+        inbox.get(timeout=0.5)
+    sock.close()
+
+
+def test_a_huge_frame_before_the_handshake_is_refused(server):
+    srv, _inbox = server
+    sock = socket.create_connection(srv.address)
+    sock.recv(8 + 32)
+    sock.sendall(struct.pack("!Q", 1 << 40))  # would make a naive server allocate a terabyte
+    sock.settimeout(5)
+    assert sock.recv(1) == b""  # the server hung up
+    sock.close()
+
+
+def test_a_worker_refuses_a_driver_without_the_secret():
+    """An impostor driver cannot answer the worker's challenge, so it never gets to send a job."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def impostor():
+        sock, _ = listener.accept()
+        sock.sendall(struct.pack("!Q", 32) + os.urandom(32))  # a challenge
+        sock.recv(8 + 64)  # the worker's answer and its own challenge
+        sock.sendall(struct.pack("!Q", 32) + os.urandom(32))  # a guess at the answer
+        sock.recv(1)
+
+    thread = threading.Thread(target=impostor, daemon=True)
+    thread.start()
+    with pytest.raises(_channel.AuthenticationFailed, match="driver failed to prove"):
+        _channel.connect(listener.getsockname(), _channel.new_secret())
+    thread.join(timeout=5)
+    listener.close()

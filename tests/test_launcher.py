@@ -1,0 +1,187 @@
+"""The local launcher with real processes: results, the env contract, failures, timeouts, logs."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+
+import pytest
+
+import hora
+from hora import environment
+from tests import _workers
+from tests.conftest import tagged_processes
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_run_returns_every_rank_in_order():
+    assert hora.run(_workers.rank_times, (10,), np=3) == [0, 10, 20]
+
+
+def test_runner_returns_rank_zero_and_is_horovod_runner():
+    assert hora.HorovodRunner is hora.Runner
+    assert hora.Runner(np=-2).run(_workers.rank_times, x=7) == 0
+
+
+def test_env_contract_is_torchrun_and_horovod():
+    envs = hora.run(_workers.env_contract, np=3, env={"USER_VAR": "mine", "OMP_NUM_THREADS": "5"})
+    ports = {e["MASTER_PORT"] for e in envs}
+    assert len(ports) == 1 and ports.pop().isdigit()
+    for rank, env in enumerate(envs):
+        assert env["RANK"] == env["HOROVOD_RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["HOROVOD_LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["HOROVOD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "3"
+        assert env["HOROVOD_LOCAL_SIZE"] == "3"
+        assert env["GROUP_RANK"] == env["HOROVOD_CROSS_RANK"] == "0"
+        assert env["HOROVOD_CROSS_SIZE"] == "1"
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["USER_VAR"] == "mine"
+        assert env["OMP_NUM_THREADS"] == "5"  # the user's env wins over the default
+
+
+def test_threads_default_to_cores_per_local_rank():
+    envs = hora.run(_workers.env_contract, np=2)
+    expected = str(max(1, (os.cpu_count() or 1) // 2))
+    assert [e["OMP_NUM_THREADS"] for e in envs] == [expected, expected]
+
+
+def test_init_process_group_needs_no_arguments():
+    assert hora.run(_workers.gloo_allreduce, np=2) == [3.0, 3.0]
+
+
+def test_placements_across_hosts():
+    places = environment.placements(["a", "b", "a", "b", "c"])
+    assert [(p.local_rank, p.local_size, p.cross_rank) for p in places] == [
+        (0, 2, 0),
+        (0, 2, 1),
+        (1, 2, 0),
+        (1, 2, 1),
+        (0, 1, 2),
+    ]
+    assert {p.cross_size for p in places} == {3}
+
+
+@pytest.mark.parametrize(
+    ("how", "story"),
+    [
+        ("raise", "ValueError: deliberate failure"),
+        ("exit", "exited with status 3"),
+        ("sys.exit", "called sys.exit(4)"),
+        ("sigkill", "killed by signal 9 (SIGKILL)"),
+        ("segv", "killed by signal 11 (SIGSEGV)"),
+    ],
+)
+def test_failing_rank_stops_the_others(how, story):
+    with pytest.raises(hora.WorkerFailedError) as info:
+        hora.run(_workers.fail_on, (1, how), np=3, timeout=60)
+    err = info.value
+    message = str(err)
+    assert message.startswith(f"rank 1 failed: {story}")
+    assert "rank 1 about to fail" in message  # the last lines of its output
+    assert err.rank == 1
+    if how == "raise":
+        assert 'raise ValueError("deliberate failure")' in message  # the worker's traceback
+        assert "hora/_worker.py" not in message
+    assert pickle.loads(pickle.dumps(err)).rank == 1
+
+
+def test_root_cause_is_the_killed_rank_not_its_waiting_peer():
+    with pytest.raises(hora.WorkerFailedError) as info:
+        hora.run(_workers.killed_while_peer_in_collective, np=2, timeout=60)
+    assert str(info.value).startswith("rank 1 failed: killed by signal 9 (SIGKILL)")
+
+
+def test_timeout_stops_a_hanging_job_even_if_it_ignores_sigterm():
+    with pytest.raises(hora.RunTimeoutError) as info:
+        hora.run(_workers.ignore_sigterm_and_hang, np=2, timeout=2)
+    assert "timeout=2" in str(info.value)
+    assert info.value.ranks == (0, 1)
+
+
+def test_grandchildren_are_stopped_too():
+    with pytest.raises(hora.RunTimeoutError):
+        hora.run(_workers.spawn_grandchild_and_hang, np=2, timeout=3)
+
+
+def test_start_timeout_names_the_ranks_that_did_not_start():
+    env = {"PYTHONPATH": os.path.join(HERE, "slow_start"), "HORA_TEST_SLOW_RANK": "1"}
+    with pytest.raises(hora.RunTimeoutError) as info:
+        hora.run(_workers.hang, np=3, env=env, start_timeout=8)
+    assert info.value.ranks == (1,)
+    assert "ranks 1 never connected" in str(info.value)
+
+
+def test_unpicklable_closure_is_named_before_anything_starts():
+    writer = threading.Lock()  # stands for a SummaryWriter, an open file, a client...
+
+    def main():
+        return writer.locked()
+
+    with pytest.raises(hora.UnpicklableError) as info:
+        hora.run(main, np=2)
+    assert "variable 'writer' captured by main" in str(info.value)
+    assert not tagged_processes()
+
+
+def test_unpicklable_argument_is_named():
+    with pytest.raises(hora.UnpicklableError, match="argument 'lock'"):
+        hora.Runner(np=-2).run(_workers.rank_times, lock=threading.Lock())
+
+
+def test_unpicklable_return_value_is_a_clear_failure():
+    with pytest.raises(hora.WorkerFailedError, match="return value of rank 0 cannot be pickled"):
+        hora.Runner(np=-2).run(_workers.return_unpicklable)
+
+
+def test_sys_exit_zero_is_success():
+    assert hora.run(_workers.exit_zero, np=2) == [None, None]
+
+
+def test_logs_arrive_once_each_marked_with_rank(capfd):
+    assert hora.run(_workers.chatter, (200,), np=2) == ["done", "done"]
+    out, err = capfd.readouterr()
+    for rank in (0, 1):
+        for i in range(200):
+            assert out.count(f"[{rank}] out {rank} {i}\n") == 1
+            assert err.count(f"[{rank}] err {rank} {i}\n") == 1
+        assert out.count(f"[{rank}] last words of {rank} without newline") == 1
+
+
+def test_log_callback_only_forwards_log_to_driver_alone(capfd):
+    hora.Runner(np=-2, driver_log_verbosity="log_callback_only").run(_workers.log_and_print)
+    out, _ = capfd.readouterr()
+    assert "plain print" not in out
+    assert "[0] callback message from 0" in out and "[1] callback message from 1" in out
+
+
+def test_log_to_driver_prints_outside_a_worker(capsys):
+    hora.log_to_driver("hello")
+    assert capsys.readouterr().out == "hello\n"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"np": 0}, "positive int"),
+        ({"np": 2, "backend": "yarn"}, "backend must be"),
+        ({"np": 2, "start_timeout": 0}, "start_timeout must be a positive"),
+        ({"np": 2, "timeout": -1}, "timeout must be a positive"),
+        ({"np": 2, "env": {"A": 1}}, "env must map str to str"),
+        ({"np": 2, "driver_log_verbosity": "some"}, "driver_log_verbosity must be"),
+    ],
+)
+def test_bad_settings_fail_before_launch(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        hora.run(_workers.rank_times, (1,), **kwargs)
+
+
+def test_runner_np_zero_says_what_to_do():
+    with pytest.raises(ValueError, match="np=-N"):
+        hora.Runner(np=0)
+
+
+def test_not_callable():
+    with pytest.raises(TypeError, match="must be callable"):
+        hora.run("main", np=2)  # type: ignore[arg-type]
