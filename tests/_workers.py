@@ -125,3 +125,17 @@ def print_then_wait_for(marker: str) -> str:
 
 def exit_zero() -> None:
     sys.exit(0)
+
+
+def register_atexit(folder: str) -> None:
+    """The worker ends without interpreter teardown: its atexit handlers must still run."""
+    import atexit
+
+    path = Path(folder) / f"atexit-{os.environ['RANK']}"
+    atexit.register(path.write_text, "ran")
+
+
+def import_from_driver_path() -> str:
+    import driver_only_module  # type: ignore[import-not-found]
+
+    return driver_only_module.VALUE

@@ -185,3 +185,14 @@ def test_runner_np_zero_says_what_to_do():
 def test_not_callable():
     with pytest.raises(TypeError, match="must be callable"):
         hora.run("main", np=2)  # type: ignore[arg-type]
+
+
+def test_worker_atexit_handlers_run(tmp_path):
+    hora.run(_workers.register_atexit, (str(tmp_path),), np=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit-0", "atexit-1"]
+
+
+def test_workers_import_what_the_driver_put_on_sys_path(tmp_path, monkeypatch):
+    (tmp_path / "driver_only_module.py").write_text("VALUE = 'found'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # as a notebook's sys.path.append(...) would
+    assert hora.run(_workers.import_from_driver_path, np=2) == ["found", "found"]

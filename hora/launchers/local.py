@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from functools import partial
 from typing import Any
 
@@ -29,7 +30,7 @@ class LocalLauncher(Launcher):
             rank = place.rank
             self._workers.append(
                 WorkerProcess(
-                    ctx.boot(rank),
+                    ctx.boot(rank) | {"sys_path": _driver_sys_path()},
                     env,
                     on_line=partial(_report_line, ctx, rank),
                     on_exit=partial(ctx.report, "exit", rank),
@@ -41,6 +42,12 @@ class LocalLauncher(Launcher):
         stop_all(self._workers, STOP_GRACE_SECONDS)
         self._workers = []
         self._store = None
+
+
+def _driver_sys_path() -> list[str]:
+    """The driver's import path, so modules it can import (a notebook's sys.path.append too)
+    unpickle in the workers; '' (the current folder) made absolute."""
+    return [os.path.abspath(p) if p == "" else p for p in sys.path]
 
 
 def _report_line(ctx: LaunchContext, rank: int, stream: str, line: str) -> None:
