@@ -1,0 +1,439 @@
+"""`hvd.DistributedOptimizer`: average gradients across ranks while backward is still running.
+
+A hook on each parameter's gradient accumulation counts backward passes; when a parameter's
+gradient is final for this step it joins its bucket, and a full bucket is sent as one grouped
+in-place allreduce, so the engine moves it in one fused buffer while autograd keeps computing the
+gradients of earlier layers. `synchronize()` (called by `step()`) sends the buckets that never
+filled (parameters this rank did not use get zero gradients, so every rank submits the same
+operations) and waits for all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from hora.torch.compression import Compression, Compressor
+from hora.torch.mpi_ops import (
+    Adasum,
+    Average,
+    ProcessSet,
+    allgather_async,
+    global_process_set,
+    grouped_allreduce_async_,
+    synchronize,
+)
+
+__all__ = ["DistributedOptimizer"]
+
+# Buckets are what overlaps with backward: DDP's 25 MiB is a good trade between overlap and the
+# per-call latency; HOROVOD_FUSION_THRESHOLD, when lower, caps them (0: one tensor per call).
+_BUCKET_CAP_BYTES = 25 * 1024 * 1024
+_DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+
+_TOO_MANY_PASSES = (
+    "Gradients were computed more than backward_passes_per_step times before call to step(). "
+    "Increase backward_passes_per_step to accumulate gradients locally."
+)
+_ZERO_GRAD_PENDING = (
+    "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+    "optimizer.synchronize(). This is prohibited as it can cause a race condition."
+)
+_STEP_AFTER_SYNC = (
+    "optimizer.step() called without optimizer.skip_synchronize() context after "
+    "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
+    "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code."
+)
+
+Bucket = tuple[torch.Tensor, ...]
+
+
+class _Pending:
+    """One submitted grouped allreduce and what to do with its results."""
+
+    __slots__ = ("ctxs", "handle", "params", "sent")
+
+    def __init__(
+        self, handle: Any, params: list[torch.Tensor], sent: list[torch.Tensor], ctxs: list[Any]
+    ) -> None:
+        self.handle, self.params, self.sent, self.ctxs = handle, params, sent, ctxs
+
+
+class _DistributedOptimizer:
+    """Mixed in before the wrapped optimizer's class, so `isinstance(opt, type(wrapped))` holds."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+        compression: type[Compressor],
+        backward_passes_per_step: int,
+        op: int,
+        gradient_predivide_factor: float,
+        groups: int | list[list[torch.Tensor]] | None,
+        sparse_as_dense: bool,
+        process_set: ProcessSet,
+    ) -> None:
+        base = type(optimizer)
+        try:  # keep the wrapped optimizer's defaults for later add_param_group calls
+            base.__init__(self, optimizer.param_groups, **optimizer.defaults)
+        except TypeError:
+            base.__init__(self, optimizer.param_groups)
+            self.defaults = dict(optimizer.defaults)
+        self.state.update(optimizer.state)
+
+        self._compression = compression
+        self._names = _parameter_names(self.param_groups, named_parameters)
+        self._groups = _check_groups(groups)
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+
+        self._delay: dict[torch.Tensor, int] = {}
+        self._bucket_of: dict[torch.Tensor, Bucket] = {}
+        self._buckets: list[Bucket] = []
+        self._ready: dict[Bucket, set[torch.Tensor]] = {}
+        self._pending: dict[Bucket, _Pending] = {}
+        self._sparse: dict[torch.Tensor, Callable[[], torch.Tensor]] = {}
+        self._fired: set[torch.Tensor] = set()
+        self._hook_handles: list[Any] = []
+        self._synchronized = False
+        self._should_synchronize = True
+
+        ps_size = process_set.size() if process_set.included() else None
+        self._reducing = bool(ps_size) and (ps_size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        if self._reducing:
+            self._make_buckets()
+            self._register_hooks()
+
+    # --- set-up -------------------------------------------------------------------------------
+    def _trainable(self) -> list[torch.Tensor]:
+        return [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+
+    def _make_buckets(self) -> None:
+        params = self._trainable()
+        if self._groups is None:
+            buckets = _size_buckets(list(reversed(params)))
+        else:
+            from hora.torch.functions import broadcast_object
+
+            # Rank 0's order decides group membership, so every rank forms the same groups.
+            order = broadcast_object(
+                [self._names[p] for p in params],
+                root_rank=self.process_set.ranks[0] if self.process_set.ranks else 0,
+                name="DistributedOptimizer.groups",
+                process_set=self.process_set,
+            )
+            position = {name: i for i, name in enumerate(order)}
+            params.sort(key=lambda p: position.get(self._names[p], len(position)))
+            buckets = _explicit_groups(params, self._groups)
+        for bucket in buckets:
+            self._buckets.append(bucket)
+            self._ready[bucket] = set()
+            for p in bucket:
+                self._bucket_of[p] = bucket
+                self._delay[p] = self.backward_passes_per_step
+
+    def _register_hooks(self) -> None:
+        ref = weakref.ref(self)
+
+        def hook(p: torch.Tensor) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._on_grad_ready(p)
+
+        for p in self._bucket_of:
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
+
+    # --- during backward ----------------------------------------------------------------------
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        if p not in self._delay:
+            return
+        if self._delay[p] <= 0:
+            raise AssertionError(_TOO_MANY_PASSES)
+        self._fired.add(p)
+        self._delay[p] -= 1
+        if self._delay[p] > 0:
+            return
+        bucket = self._bucket_of[p]
+        if bucket in self._pending:
+            return
+        ready = self._ready[bucket]
+        ready.add(p)
+        if len(ready) == len(bucket):
+            self._submit(bucket)
+
+    def _scale_factors(self) -> tuple[float, float]:
+        if self.op == Average:  # the engine divides by size on top of the postscale
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _submit(self, bucket: Bucket) -> None:
+        params, sent, ctxs = [], [], []
+        for p in bucket:
+            if p.grad is None:  # not used on this rank: another rank may have used it
+                p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+            grad = p.grad
+            if grad.is_sparse:
+                if not self.sparse_as_dense:
+                    if p not in self._sparse:
+                        self._sparse[p] = self._sparse_allreduce_async(p)
+                    continue
+                grad = grad.to_dense()
+            elif not grad.is_contiguous():
+                grad = grad.contiguous()
+            tensor, ctx = self._compression.compress(grad)
+            params.append(p)
+            sent.append(tensor)
+            ctxs.append(ctx)
+        if params:
+            pre, post = self._scale_factors()
+            handle = grouped_allreduce_async_(
+                sent,
+                name=f"DistributedOptimizer.{self._names[params[0]]}",
+                op=self.op,
+                prescale_factor=pre,
+                postscale_factor=post,
+                process_set=self.process_set,
+            )
+            self._pending[bucket] = _Pending(handle, params, sent, ctxs)
+        else:
+            self._pending[bucket] = _Pending(None, [], [], [])
+
+    def _sparse_allreduce_async(self, p: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Sparse gradients travel as an allgather of indices and values, summed by coalescing."""
+        grad = p.grad.coalesce()
+        name = f"DistributedOptimizer.{self._names[p]}"
+        indices = allgather_async(
+            grad.indices().t().contiguous(), name=f"{name}.indices", process_set=self.process_set
+        )
+        values = allgather_async(
+            grad.values().contiguous(), name=f"{name}.values", process_set=self.process_set
+        )
+        size, op = self.process_set.size(), self.op
+
+        def finish() -> torch.Tensor:
+            v = synchronize(values)
+            i = synchronize(indices)
+            if op == Average:
+                v = v / size
+            return torch.sparse_coo_tensor(i.t(), v, grad.shape).coalesce()
+
+        return finish
+
+    # --- public API ---------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Finish every reduction of this step; parameters whose hook never fired are sent too."""
+        if not self._reducing:
+            self._synchronized = True
+            return
+        for bucket in self._buckets:
+            if bucket not in self._pending:
+                self._submit(bucket)
+        try:
+            for pending in self._pending.values():
+                if pending.handle is None:
+                    continue
+                synchronize(pending.handle)
+                for p, tensor, ctx in zip(pending.params, pending.sent, pending.ctxs, strict=True):
+                    result = self._compression.decompress(tensor, ctx)
+                    if p.grad.is_sparse:  # sparse_as_dense: the optimizer expects sparse back
+                        p.grad = result.to_sparse()
+                    elif result is not p.grad:
+                        p.grad.copy_(result)
+            for p, finish in self._sparse.items():
+                p.grad = finish()
+        finally:
+            self._reset_step()
+        self._synchronized = True
+
+    def _reset_step(self) -> None:
+        self._pending.clear()
+        self._sparse.clear()
+        self._fired.clear()
+        for ready in self._ready.values():
+            ready.clear()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this block `step()` does not synchronize: call `synchronize()` yourself first
+        (to clip the averaged gradients, for instance)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(_STEP_AFTER_SYNC, stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return self._step_without_sync(closure)
+
+    def _step_without_sync(self, closure: Callable[[], float] | None = None) -> Any:
+        return super().step(closure)  # type: ignore[misc]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._pending or self._fired:
+            raise AssertionError(_ZERO_GRAD_PENDING)
+        super().zero_grad(set_to_none)  # type: ignore[misc]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._reset_step()
+        self._synchronized = False
+        self._should_synchronize = True
+        super().load_state_dict(state_dict)  # type: ignore[misc]
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        if passes <= 0:
+            raise ValueError("backward_passes_per_step must be > 0")
+        self.backward_passes_per_step = passes
+        for p in self._delay:
+            self._delay[p] = passes
+
+
+def _parameter_names(
+    param_groups: list[dict[str, Any]], named_parameters: Iterable[tuple[str, torch.Tensor]] | None
+) -> dict[torch.Tensor, str]:
+    if named_parameters is None:
+        return {
+            p: f"allreduce.noname.{i}.{j}"
+            for i, group in enumerate(param_groups)
+            for j, p in enumerate(group["params"])
+        }
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) for item in named):
+        raise ValueError(
+            "named_parameters should be a sequence of tuples (name, parameter), usually produced "
+            "by model.named_parameters()."
+        )
+    seen: set[str] = set()
+    dups = sorted({name for name, _ in named if name in seen or seen.add(name)})
+    if dups:
+        raise ValueError(
+            "Parameter names in named_parameters must be unique. "
+            f"Found duplicates: {', '.join(dups)}"
+        )
+    named_ids = {id(p) for _, p in named}
+    unnamed = [id(p) for g in param_groups for p in g["params"] if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError(
+            "named_parameters was specified, but one or more model parameters were not named. "
+            f"Python object ids: {', '.join(map(str, unnamed))}"
+        )
+    return {p: name for name, p in named}
+
+
+def _check_groups(groups: Any) -> int | list[list[torch.Tensor]] | None:
+    if groups is None:
+        return None
+    if isinstance(groups, list):
+        seen: set[int] = set()
+        for group in groups:
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                seen.add(id(p))
+        return groups
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise ValueError(
+            "groups should be a non-negative integer or a list of list of torch.Tensor."
+        )
+    return groups
+
+
+def _size_buckets(params: list[torch.Tensor]) -> list[Bucket]:
+    """Consecutive parameters (in backward order) of one dtype and device, up to the cap."""
+    threshold = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _DEFAULT_FUSION_THRESHOLD))
+    cap = min(threshold, _BUCKET_CAP_BYTES)
+    buckets: list[list[torch.Tensor]] = []
+    size = 0
+    for p in params:
+        nbytes = p.numel() * p.element_size()
+        current = buckets[-1] if buckets else None
+        if (
+            current is None
+            or current[0].dtype != p.dtype
+            or current[0].device != p.device
+            or size + nbytes > cap
+        ):
+            buckets.append([p])
+            size = nbytes
+        else:
+            current.append(p)
+            size += nbytes
+    return [tuple(b) for b in buckets]
+
+
+def _explicit_groups(
+    params: list[torch.Tensor], groups: int | list[list[torch.Tensor]]
+) -> list[Bucket]:
+    """Horovod's `groups`: N even slices, or the given lists plus one group per other parameter."""
+    if isinstance(groups, int):
+        d, r = divmod(len(params), groups)
+        slices = [params[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)] for i in range(groups)]
+        return [tuple(s) for s in slices if s]
+    trainable = {id(p) for p in params}
+    out = [tuple(p for p in group if id(p) in trainable) for group in groups]
+    grouped = {id(p) for group in out for p in group}
+    out += [(p,) for p in params if id(p) not in grouped]
+    return [g for g in out if g]
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None,
+    compression: type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: int = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: int | list[list[torch.Tensor]] | None = None,
+    sparse_as_dense: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> torch.optim.Optimizer:
+    """Wrap `optimizer` so `step()` applies gradients averaged over the process set's ranks.
+
+    The result is an instance of a subclass of `type(optimizer)` built from its param_groups.
+    """
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn(
+            "Parameter `num_groups` has been replaced by `groups` and will be removed.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if groups is None:
+            groups = num_groups
+    if backward_passes_per_step <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    if op == Adasum and process_set.included() and (process_set.size() or 1) > 1:
+        raise NotImplementedError("op=Adasum is not implemented in hora yet; use Average or Sum")
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizer, base), {})
+    return cls(
+        optimizer,
+        named_parameters,
+        compression,
+        backward_passes_per_step,
+        op,
+        gradient_predivide_factor,
+        groups,
+        sparse_as_dense,
+        process_set,
+    )
