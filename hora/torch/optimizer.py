@@ -55,14 +55,30 @@ Bucket = tuple[torch.Tensor, ...]
 
 
 class _Pending:
-    """One submitted grouped allreduce and what to do with its results."""
+    """One submitted bucket: per flat buffer sent, the (parameter, gradient) pairs inside it."""
 
-    __slots__ = ("ctxs", "handle", "params", "sent")
+    __slots__ = ("ctxs", "handle", "members", "sent")
 
     def __init__(
-        self, handle: Any, params: list[torch.Tensor], sent: list[torch.Tensor], ctxs: list[Any]
+        self,
+        handle: Any,
+        members: list[list[tuple[torch.Tensor, torch.Tensor]]],
+        sent: list[torch.Tensor],
+        ctxs: list[Any],
     ) -> None:
-        self.handle, self.params, self.sent, self.ctxs = handle, params, sent, ctxs
+        self.handle, self.members, self.sent, self.ctxs = handle, members, sent, ctxs
+
+
+def _unflatten(group: list[tuple[torch.Tensor, torch.Tensor]], result: torch.Tensor) -> None:
+    """Put a reduced flat buffer back into the parameters' gradients."""
+    offset = 0
+    for p, grad in group:
+        chunk = result[offset : offset + grad.numel()].view_as(grad)
+        offset += grad.numel()
+        if p.grad.is_sparse:  # sparse_as_dense: the optimizer expects a sparse gradient back
+            p.grad = chunk.to_sparse()
+        elif chunk.data_ptr() != p.grad.data_ptr():
+            p.grad.copy_(chunk)
 
 
 class _DistributedOptimizer:
@@ -97,13 +113,15 @@ class _DistributedOptimizer:
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
 
+        # Buckets are referred to by index: hashing a tuple of tensors costs one Python
+        # __hash__ call per member, per lookup, in the hot path of every hook.
         self._delay: dict[torch.Tensor, int] = {}
-        self._bucket_of: dict[torch.Tensor, Bucket] = {}
+        self._bucket_of: dict[torch.Tensor, int] = {}
         self._buckets: list[Bucket] = []
-        self._ready: dict[Bucket, set[torch.Tensor]] = {}
-        self._pending: dict[Bucket, _Pending] = {}
+        self._ready: list[int] = []
+        self._pending: dict[int, _Pending] = {}
         self._sparse: dict[torch.Tensor, Callable[[], torch.Tensor]] = {}
-        self._fired: set[torch.Tensor] = set()
+        self._fired = False
         self._hook_handles: list[Any] = []
         self._synchronized = False
         self._should_synchronize = True
@@ -135,11 +153,11 @@ class _DistributedOptimizer:
             position = {name: i for i, name in enumerate(order)}
             params.sort(key=lambda p: position.get(self._names[p], len(position)))
             buckets = _explicit_groups(params, self._groups)
-        for bucket in buckets:
+        for index, bucket in enumerate(buckets):
             self._buckets.append(bucket)
-            self._ready[bucket] = set()
+            self._ready.append(0)
             for p in bucket:
-                self._bucket_of[p] = bucket
+                self._bucket_of[p] = index
                 self._delay[p] = self.backward_passes_per_step
 
     def _register_hooks(self) -> None:
@@ -155,30 +173,32 @@ class _DistributedOptimizer:
 
     # --- during backward ----------------------------------------------------------------------
     def _on_grad_ready(self, p: torch.Tensor) -> None:
-        if p not in self._delay:
+        delay = self._delay.get(p)
+        if delay is None:
             return
-        if self._delay[p] <= 0:
+        if delay <= 0:
             raise AssertionError(_TOO_MANY_PASSES)
-        self._fired.add(p)
-        self._delay[p] -= 1
-        if self._delay[p] > 0:
+        self._fired = True
+        self._delay[p] = delay = delay - 1
+        if delay > 0:
             return
-        bucket = self._bucket_of[p]
-        if bucket in self._pending:
+        index = self._bucket_of[p]
+        if index in self._pending:
             return
-        ready = self._ready[bucket]
-        ready.add(p)
-        if len(ready) == len(bucket):
-            self._submit(bucket)
+        self._ready[index] += 1
+        if self._ready[index] == len(self._buckets[index]):
+            self._submit(index)
 
     def _scale_factors(self) -> tuple[float, float]:
         if self.op == Average:  # the engine divides by size on top of the postscale
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def _submit(self, bucket: Bucket) -> None:
-        params, sent, ctxs = [], [], []
-        for p in bucket:
+    def _submit(self, index: int) -> None:
+        """Send bucket `index`: one flat buffer per dtype, so the engine gets one tensor per kind
+        (fewer names to match, one copy in and one out) and compression casts once."""
+        kinds: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for p in self._buckets[index]:
             if p.grad is None:  # not used on this rank: another rank may have used it
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
             grad = p.grad
@@ -190,23 +210,30 @@ class _DistributedOptimizer:
                 grad = grad.to_dense()
             elif not grad.is_contiguous():
                 grad = grad.contiguous()
-            tensor, ctx = self._compression.compress(grad)
-            params.append(p)
+            kinds.setdefault((grad.dtype, grad.device), []).append((p, grad))
+        if not kinds:
+            self._pending[index] = _Pending(None, [], [], [])
+            return
+        members, sent, ctxs = [], [], []
+        for group in kinds.values():
+            if len(group) == 1:
+                flat = group[0][1].view(-1)  # reduced in place: no copy at all
+            else:
+                flat = torch.cat([grad.view(-1) for _, grad in group])
+            tensor, ctx = self._compression.compress(flat)
+            members.append(group)
             sent.append(tensor)
             ctxs.append(ctx)
-        if params:
-            pre, post = self._scale_factors()
-            handle = grouped_allreduce_async_(
-                sent,
-                name=f"DistributedOptimizer.{self._names[params[0]]}",
-                op=self.op,
-                prescale_factor=pre,
-                postscale_factor=post,
-                process_set=self.process_set,
-            )
-            self._pending[bucket] = _Pending(handle, params, sent, ctxs)
-        else:
-            self._pending[bucket] = _Pending(None, [], [], [])
+        pre, post = self._scale_factors()
+        handle = grouped_allreduce_async_(
+            sent,
+            name=f"DistributedOptimizer.{self._names[members[0][0][0]]}",
+            op=self.op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=self.process_set,
+        )
+        self._pending[index] = _Pending(handle, members, sent, ctxs)
 
     def _sparse_allreduce_async(self, p: torch.Tensor) -> Callable[[], torch.Tensor]:
         """Sparse gradients travel as an allgather of indices and values, summed by coalescing."""
@@ -235,20 +262,18 @@ class _DistributedOptimizer:
         if not self._reducing:
             self._synchronized = True
             return
-        for bucket in self._buckets:
-            if bucket not in self._pending:
-                self._submit(bucket)
+        for index in range(len(self._buckets)):
+            if index not in self._pending:
+                self._submit(index)
         try:
             for pending in self._pending.values():
                 if pending.handle is None:
                     continue
                 synchronize(pending.handle)
-                for p, tensor, ctx in zip(pending.params, pending.sent, pending.ctxs, strict=True):
-                    result = self._compression.decompress(tensor, ctx)
-                    if p.grad.is_sparse:  # sparse_as_dense: the optimizer expects sparse back
-                        p.grad = result.to_sparse()
-                    elif result is not p.grad:
-                        p.grad.copy_(result)
+                for group, tensor, ctx in zip(
+                    pending.members, pending.sent, pending.ctxs, strict=True
+                ):
+                    _unflatten(group, self._compression.decompress(tensor, ctx))
             for p, finish in self._sparse.items():
                 p.grad = finish()
         finally:
@@ -258,9 +283,8 @@ class _DistributedOptimizer:
     def _reset_step(self) -> None:
         self._pending.clear()
         self._sparse.clear()
-        self._fired.clear()
-        for ready in self._ready.values():
-            ready.clear()
+        self._fired = False
+        self._ready = [0] * len(self._buckets)
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
 
