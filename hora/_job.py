@@ -49,6 +49,7 @@ class Job:
         self.started: dict[int, str] = {}  # rank -> host
         self.results: dict[int, Any] = {}
         self.exits: dict[int, int] = {}
+        self.closed: set[int] = set()  # ranks whose worker channel has closed (fully read)
         self.failures: dict[int, Failure] = {}
         self.tails: dict[int, deque[str]] = {r: deque(maxlen=TAIL_LINES) for r in range(config.np)}
         self.stopping = False
@@ -111,6 +112,11 @@ class Job:
 
     def _handle(self, conn: _channel.Connection | None, message: tuple | None) -> None:
         if message is None:  # a channel closed; the launcher reports the process's exit
+            rank = getattr(conn, "peer", None)
+            if rank is not None:
+                self.closed.add(rank)
+                if self.exits.get(rank) == 0:  # its exit was reported before its channel drained
+                    self._exited(rank, 0)
             return
         kind, *body = message
         if kind == "hello":
@@ -153,7 +159,9 @@ class Job:
             return
         if code != 0:
             self.failures[rank] = Failure(rank, describe_exit(code), "", False, time.time())
-        elif rank not in self.results:
+        elif rank not in self.results and (rank in self.closed or rank not in self.started):
+            # A result still in flight on the channel arrives before the channel's close, so a
+            # clean exit without a result is judged only once the channel has drained.
             self.failures[rank] = Failure(
                 rank,
                 "exited with status 0 before returning a result (os._exit?)",
