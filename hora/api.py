@@ -103,8 +103,9 @@ def _launch(
     kwargs: dict[str, Any],
     config: RunConfig,
     collect_all: bool,
+    use_gpu: bool | None = None,
 ) -> list[Any]:
     if not callable(fn):
         raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
     payload = dumps_job(fn, args, kwargs)
-    return Job(config, payload, make_launcher(config), collect_all).run()
+    return Job(config, payload, make_launcher(config, use_gpu=use_gpu), collect_all).run()

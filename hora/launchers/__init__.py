@@ -6,16 +6,18 @@ from hora.config import RunConfig
 from hora.launchers._base import LaunchContext, Launcher
 
 
-def make_launcher(config: RunConfig) -> Launcher:
-    """The launcher for `config.backend`."""
+def make_launcher(config: RunConfig, *, use_gpu: bool | None = None) -> Launcher:
+    """The launcher for `config.backend`.
+
+    `use_gpu` is the Spark engine's GPU pinning: None pins when tasks have GPU resources.
+    """
     if config.backend == "local":
         from hora.launchers.local import LocalLauncher
 
         return LocalLauncher()
-    raise NotImplementedError(
-        "the Spark engine (np > 0, backend='spark') is not available yet; run on this machine "
-        "with Runner(np=-N) or hora.run(..., backend='local')"
-    )
+    from hora.launchers.spark import SparkLauncher
+
+    return SparkLauncher(config, use_gpu=use_gpu)
 
 
 __all__ = ["LaunchContext", "Launcher", "make_launcher"]

@@ -1,0 +1,120 @@
+"""What to check on the driver before a barrier stage is submitted, so it never waits forever.
+
+Spark queues a barrier stage that asks for more slots than the cluster has (retrying for minutes),
+refuses one under dynamic allocation, and pyspark's TorchDistributor refuses to run unencrypted
+training traffic on a cluster that asked for TLS. Each check says what to change.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+# pyspark's own opt-in (TorchDistributor), honoured so clusters configured for it just work.
+IGNORE_SSL_KEYS = ("spark.hora.ignoreSsl", "pytorch.spark.distributor.ignoreSsl")
+GPU_AMOUNT_KEY = "spark.task.resource.gpu.amount"
+SLOT_WAIT_SECONDS = 10.0  # executors of a fresh session may still be registering
+
+
+def _conf(sc: Any, key: str, default: str = "") -> str:
+    return sc.getConf().get(key, default) or default
+
+
+def _true(sc: Any, key: str) -> bool:
+    return _conf(sc, key, "false").strip().lower() == "true"
+
+
+def is_local_master(sc: Any) -> bool:
+    master = sc.master
+    return master == "local" or master.startswith("local[")
+
+
+def check_ssl(sc: Any) -> None:
+    """Refuse to train in the clear on a cluster with `spark.ssl.enabled`, unless opted in."""
+    if not _true(sc, "spark.ssl.enabled"):
+        return
+    if any(_true(sc, key) for key in IGNORE_SSL_KEYS):
+        return
+    raise RuntimeError(
+        "This Spark cluster has TLS enabled (spark.ssl.enabled=true), but hora's training "
+        "traffic is not encrypted: the driver channel is authenticated (HMAC) but sent in the "
+        "clear, and torch.distributed (gloo/NCCL) exchanges tensors unencrypted. To run anyway, "
+        f"set '{IGNORE_SSL_KEYS[0]}' (or pyspark's '{IGNORE_SSL_KEYS[1]}') to 'true' in the "
+        "Spark configuration; model parameters and possibly data will then cross the network "
+        "unencrypted."
+    )
+
+
+def check_dynamic_allocation(sc: Any) -> None:
+    """Barrier stages need all executors at once: Spark refuses them under dynamic allocation."""
+    if is_local_master(sc) or not _true(sc, "spark.dynamicAllocation.enabled"):
+        return
+    raise ValueError(
+        "spark.dynamicAllocation.enabled=true, and Spark does not run barrier stages (which hora "
+        "uses so that all ranks start together) under dynamic allocation. Start the "
+        "SparkSession with spark.dynamicAllocation.enabled=false and a fixed number of "
+        "executors (spark.executor.instances), or run on this machine with Runner(np=-N)."
+    )
+
+
+def task_gpu_amount(sc: Any) -> float:
+    try:
+        return float(_conf(sc, GPU_AMOUNT_KEY, "0"))
+    except ValueError:
+        return 0.0
+
+
+def resolve_use_gpu(sc: Any, use_gpu: bool | None) -> bool:
+    """`None` means: pin GPUs when tasks are given GPUs. `True` without GPU tasks is an error."""
+    amount = task_gpu_amount(sc)
+    if use_gpu and amount <= 0:
+        raise ValueError(
+            f"use_gpu=True but '{GPU_AMOUNT_KEY}' is not set, so Spark gives tasks no GPUs. Set "
+            f"it (for example to 1) with the executors' GPU resources, or pass use_gpu=False."
+        )
+    return amount > 0 if use_gpu is None else bool(use_gpu)
+
+
+def concurrent_slots(sc: Any) -> int:
+    """How many tasks of the default resource profile the cluster can run at once right now.
+
+    Spark's own count (cores and custom resources such as GPUs), the one it checks barrier
+    stages against.
+    """
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def check_slots(sc: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> int:
+    """Return the slot count, or raise ValueError at once if `np` tasks cannot run together."""
+    deadline = time.monotonic() + wait
+    slots = concurrent_slots(sc)
+    while slots < np and not is_local_master(sc) and time.monotonic() < deadline:
+        time.sleep(0.2)  # a fresh session's executors may still be registering
+        slots = concurrent_slots(sc)
+    if slots >= np:
+        return slots
+    raise ValueError(
+        f"np={np} needs {np} Spark task slots at once, but {describe_slots(sc, slots)}"
+    )
+
+
+def describe_slots(sc: Any, slots: int) -> str:
+    cpus = _conf(sc, "spark.task.cpus", "1")
+    gpus = task_gpu_amount(sc)
+    gpu_note = f", {GPU_AMOUNT_KEY}={gpus:g}" if gpus > 0 else ""
+    if is_local_master(sc):
+        return (
+            f"this SparkSession (master {sc.master}, spark.task.cpus={cpus}{gpu_note}) has "
+            f"{slots}. Lower np to {slots} or less, or start Spark with more local cores "
+            "(for example master 'local[N]'), or lower spark.task.cpus."
+        )
+    executors = max(0, int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1)
+    cores = _conf(sc, "spark.executor.cores", "?")
+    return (
+        f"this cluster can run {slots} ({executors} executors registered, spark.executor.cores="
+        f"{cores}, spark.task.cpus={cpus}{gpu_note}). Lower np to {slots} or less, or give the "
+        "cluster more executors or cores (spark.executor.instances, spark.executor.cores), or "
+        f"lower spark.task.cpus{' or the GPUs per task' if gpu_note else ''}."
+    )

@@ -1,0 +1,147 @@
+"""The code of one Spark barrier task: a supervisor for one rank's worker process.
+
+It runs inside Spark's (reused) Python worker, so it never imports a framework or runs the job
+itself: it registers with the driver's launcher over the authenticated channel, waits for the
+plan (every task's host and GPUs, the store's address), then starts `python -m hora._worker` in a
+fresh process with the rank's environment (CUDA_VISIBLE_DEVICES included), forwards its output
+lines and its exit code, and stays until the driver says stop, so a half-finished job is never
+left running under a task that Spark thinks has ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hora import _channel, environment
+from hora.launchers._process import WorkerProcess, stop_all
+
+STOP_GRACE_SECONDS = 3.0
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What every task of one run needs; pickled into the Spark closure."""
+
+    address: tuple[str, int]  # the launcher's supervisor channel on the driver
+    worker_address: tuple[str, int]  # the job's channel that workers dial
+    secret: bytes
+    sys_path: tuple[str, ...]  # the driver's import path, appended in the worker
+
+
+def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, str]]:
+    """mapPartitions body: supervise this task's rank; yields (rank, outcome)."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    rank = ctx.partitionId()
+    host = ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0]
+    resources = ctx.resources()
+    gpus = list(resources["gpu"].addresses) if "gpu" in resources else []
+    conn = _channel.connect(spec.address, spec.secret)
+    try:
+        conn.send(
+            (
+                "task",
+                rank,
+                {
+                    "host": host,
+                    "gpus": gpus,
+                    "cpus": ctx.cpus(),
+                    "attempt": ctx.attemptNumber(),
+                    "task_attempt_id": ctx.taskAttemptId(),
+                    "stage": ctx.stageId(),
+                    "pid": os.getpid(),
+                },
+            )
+        )
+        reply = conn.recv()
+        if reply[0] != "go":
+            yield rank, f"refused: {reply[1]}"
+            return
+        yield rank, _supervise_worker(spec, conn, rank, reply[1])
+    finally:
+        conn.close()
+
+
+def _supervise_worker(
+    spec: TaskSpec, conn: _channel.Connection, rank: int, plan: dict[str, Any]
+) -> str:
+    def on_line(stream: str, line: str) -> None:
+        with contextlib.suppress(OSError):
+            conn.send(("output", rank, stream, line))
+
+    exited = threading.Event()
+
+    def on_exit(code: int) -> None:
+        with contextlib.suppress(OSError):
+            conn.send(("exit", rank, code))
+        exited.set()
+
+    env = worker_environment(rank, plan["tasks"], plan["master"], plan["use_gpu"], os.environ)
+    env.update(plan["user_env"])
+    boot = {
+        "address": list(spec.worker_address),
+        "secret": spec.secret.hex(),
+        "rank": rank,
+        "sys_path": list(spec.sys_path),
+    }
+    worker = WorkerProcess(boot, env, on_line=on_line, on_exit=on_exit, cwd=os.getcwd())
+    try:
+        while True:  # until the driver says stop or goes away
+            message = conn.recv()
+            if message and message[0] == "stop":
+                break
+    except (OSError, EOFError):
+        pass
+    finally:
+        stop_all([worker], STOP_GRACE_SECONDS)
+        exited.wait(timeout=2)
+    code = worker.poll()
+    return f"exit {code}"
+
+
+def worker_environment(
+    rank: int,
+    tasks: list[dict[str, Any]],
+    master: tuple[str, int],
+    use_gpu: bool,
+    base: Mapping[str, str],
+) -> dict[str, str]:
+    """`rank`'s environment from every task's report: the task's own, the contract, its GPUs.
+
+    Built by `environment.worker_env`, as in local mode, so the same `main` runs on both.
+    """
+    hosts = [t["host"] for t in tasks]
+    place = environment.placements(hosts)[rank]
+    cpus = max(1, int(tasks[rank]["cpus"]))
+    env = environment.worker_env(
+        place,
+        master[0],
+        master[1],
+        base=base,
+        cores=cpus * place.local_size,  # each rank gets its task's spark.task.cpus threads
+    )
+    if use_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus(rank, hosts, tasks))
+    return env
+
+
+def visible_gpus(rank: int, hosts: list[str], tasks: list[dict[str, Any]]) -> list[str]:
+    """CUDA_VISIBLE_DEVICES for `rank`, chosen so that `cuda:LOCAL_RANK` is its own GPU.
+
+    With one GPU per task (the usual `spark.task.resource.gpu.amount=1`) every rank sees the GPUs
+    of this job's tasks on its host, in local-rank order, so `torch.cuda.set_device(local_rank)`
+    picks the GPU Spark assigned to it. Otherwise (several GPUs per task, or addresses that repeat
+    across executors) a rank sees only its own GPUs, as pyspark's TorchDistributor does.
+    """
+    own = list(tasks[rank]["gpus"])
+    local = [t["gpus"] for t, h in zip(tasks, hosts, strict=True) if h == hosts[rank]]
+    flat = [g for gpus in local for g in gpus]
+    if all(len(gpus) == 1 for gpus in local) and len(set(flat)) == len(flat):
+        return flat
+    return own

@@ -1,0 +1,217 @@
+"""The Spark engine: one barrier stage of `np` tasks on the active SparkSession, one rank per task.
+
+Each task is a supervisor (`_spark_task.supervise`) that starts the worker in a fresh Python
+process; the workers then talk to the driver's job channel exactly as local workers do. This
+launcher is the supervisors' side on the driver: it hosts the torch store (as the local launcher
+does, so no rank races for a port), acts as the rendezvous (every task reports its host and GPUs,
+and once all have, each gets the plan; Spark's own `allGather` costs a second per call), relays
+output lines and exit codes to the job, and stops everything: first by telling the supervisors,
+then by cancelling the stage's job tag.
+
+A rank is started at most once per run: if Spark ever re-attempts a task or the stage, the
+supervisor of the re-attempt is refused and the job fails, rather than re-running a
+half-finished training behind the user's back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import sys
+import threading
+import uuid
+from functools import partial
+from typing import Any
+
+from hora import _channel
+from hora.config import RunConfig
+from hora.launchers import _spark_checks
+from hora.launchers._base import LaunchContext, Launcher
+from hora.launchers._rendezvous import host_store
+from hora.launchers._spark_task import TaskSpec, supervise
+
+STOP_GRACE_SECONDS = 3.0  # the supervisors' own SIGTERM -> SIGKILL grace
+CANCEL_WAIT_SECONDS = 5.0
+
+
+def active_spark_context() -> Any:
+    """The active SparkContext, or None; never imports pyspark if the program has not."""
+    if "pyspark" not in sys.modules:
+        return None
+    from pyspark import SparkContext
+
+    return SparkContext._active_spark_context
+
+
+class SparkLauncher(Launcher):
+    """Starts `config.np` ranks as one barrier stage; checks the cluster first."""
+
+    multi_host = True
+
+    def __init__(self, config: RunConfig, use_gpu: bool | None = None):
+        sc = active_spark_context()
+        if sc is None:
+            raise RuntimeError(
+                "the Spark engine (np > 0, backend='spark') needs an active SparkSession: create "
+                "one first (SparkSession.builder...getOrCreate()), or run on this machine with "
+                "Runner(np=-N) / backend='local'"
+            )
+        _spark_checks.check_ssl(sc)
+        _spark_checks.check_dynamic_allocation(sc)
+        self.use_gpu = _spark_checks.resolve_use_gpu(sc, use_gpu)
+        _spark_checks.check_slots(sc, config.np, wait=min(config.start_timeout, 10.0))
+        self.sc = sc
+        self.channel_host = sc.getConf().get("spark.driver.host") or "127.0.0.1"
+        self.tag = f"hora-{uuid.uuid4().hex[:12]}"
+        self._np = config.np
+        self._lock = threading.Lock()
+        self._tasks: dict[int, dict[str, Any]] = {}
+        self._supervisors: dict[int, _channel.Connection] = {}
+        self._exited: set[int] = set()
+        self._stopping = threading.Event()
+        self._inbox: queue.Queue = queue.Queue()
+        self._server: _channel.Server | None = None
+        self._store: Any = None
+        self._threads: list[threading.Thread] = []
+        self._ctx: LaunchContext | None = None
+
+    # -- start ------------------------------------------------------------------------------
+    def start(self, ctx: LaunchContext) -> None:
+        self._ctx = ctx
+        self._store, port = host_store(self.channel_host)
+        self._master = (self.channel_host, port)
+        self._server = _channel.Server(ctx.secret, self._inbox, host=self.channel_host)
+        spec = TaskSpec(
+            address=self._server.address,
+            worker_address=ctx.address,
+            secret=ctx.secret,
+            sys_path=tuple(_driver_sys_path()),
+        )
+        relay = threading.Thread(target=self._relay, name="hora-spark-relay", daemon=True)
+        relay.start()
+        from pyspark import InheritableThread  # carries the caller's job group, pool, tags
+
+        stage = InheritableThread(target=self._run_stage, args=(spec,), name="hora-spark-stage")
+        stage.daemon = True
+        stage.start()
+        self._threads = [relay, stage]
+
+    def _run_stage(self, spec: TaskSpec) -> None:
+        sc = self.sc
+        sc.addJobTag(self.tag)
+        sc.setInterruptOnCancel(True)
+        sc.setJobDescription(f"hora: {self._np} ranks")
+        try:
+            rdd = sc.parallelize(range(self._np), self._np)
+            rdd.barrier().mapPartitions(partial(supervise, spec)).collect()
+        except Exception as exc:
+            if not self._stopping.is_set():
+                rank = self._first_running_rank()
+                self._report("engine_failed", rank, "the Spark stage failed", _spark_error(exc))
+        finally:
+            sc.removeJobTag(self.tag)
+
+    # -- the supervisors' messages ----------------------------------------------------------
+    def _relay(self) -> None:
+        while True:
+            conn, message = self._inbox.get()
+            if conn is None and message is None:
+                return
+            if message is None:
+                self._closed(conn)
+                continue
+            kind, rank, *body = message
+            if kind == "task":
+                self._register(conn, rank, body[0])
+            elif kind in ("output", "exit") and conn.peer == rank:
+                if kind == "exit":
+                    self._exited.add(rank)
+                self._report(kind, rank, *body)
+
+    def _register(self, conn: _channel.Connection, rank: int, info: dict[str, Any]) -> None:
+        if not (isinstance(rank, int) and 0 <= rank < self._np):
+            conn.close()
+            return
+        if rank in self._tasks or self._stopping.is_set():
+            # Spark re-attempted a task or the whole stage: never train the same rank twice.
+            reason = (
+                f"Spark started rank {rank} a second time (task attempt {info.get('attempt')}, "
+                f"stage {info.get('stage')}) after a failure; hora does not re-run a "
+                "half-finished training. Fix the first failure and run again."
+            )
+            with contextlib.suppress(OSError):
+                conn.send(("refuse", reason))
+            if not self._stopping.is_set():
+                self._report("engine_failed", rank, "Spark re-attempted the task", reason)
+            return
+        conn.peer = rank
+        with self._lock:
+            self._tasks[rank] = info
+            self._supervisors[rank] = conn
+            ready = len(self._tasks) == self._np
+        if ready:
+            plan = {
+                "tasks": [self._tasks[r] for r in range(self._np)],
+                "master": self._master,
+                "use_gpu": self.use_gpu,
+                "user_env": dict(self._ctx.env) if self._ctx else {},
+            }
+            for r in range(self._np):
+                with contextlib.suppress(OSError):
+                    self._supervisors[r].send(("go", plan))
+
+    def _closed(self, conn: _channel.Connection) -> None:
+        rank = conn.peer
+        if rank is None or rank in self._exited or self._stopping.is_set():
+            return
+        self._report(
+            "engine_failed",
+            rank,
+            "its Spark task ended before its worker exited (executor lost, or task killed)",
+            "",
+        )
+
+    def _report(self, *message: Any) -> None:
+        if self._ctx is not None:
+            self._ctx.report(*message)
+
+    def _first_running_rank(self) -> int:
+        return next((r for r in range(self._np) if r not in self._exited), 0)
+
+    # -- stop -------------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stopping.set()
+        with self._lock:
+            supervisors = list(self._supervisors.values())
+            everyone_started = len(self._tasks) == self._np
+        for conn in supervisors:
+            with contextlib.suppress(OSError):
+                conn.send(("stop",))
+        stage = self._threads[1] if len(self._threads) > 1 else None
+        if stage is not None:
+            if everyone_started:
+                stage.join(STOP_GRACE_SECONDS + 1.0)
+            if stage.is_alive():  # tasks still waiting for slots, or a supervisor that is stuck
+                with contextlib.suppress(Exception):
+                    self.sc.cancelJobsWithTag(self.tag)
+                stage.join(CANCEL_WAIT_SECONDS)
+        if self._server is not None:
+            self._server.close()
+        self._inbox.put((None, None))
+        for thread in self._threads[:1]:
+            thread.join(timeout=5)
+        self._threads = []
+        self._store = None
+
+
+def _driver_sys_path() -> list[str]:
+    """The driver's import path: on one machine (local Spark) the workers then import what the
+    driver can; on a cluster, entries missing there are harmless."""
+    return [os.path.abspath(p) if p == "" else p for p in sys.path]
+
+
+def _spark_error(exc: BaseException) -> str:
+    """The useful part of a Py4J error: the Spark exception lines, not the JVM stack."""
+    lines = [line for line in str(exc).splitlines() if line and not line.startswith("\tat ")]
+    return "\n".join(lines[:40])

@@ -1,0 +1,65 @@
+"""Worker functions specific to the Spark engine's tests (the shared ones are tests._workers)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+ALL_CONTRACT = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "GLOO_SOCKET_IFNAME",
+    "PYTHONUNBUFFERED",
+    "HORA_WORKER",
+    "USER_VAR",
+)
+
+
+def contract() -> dict[str, str | None]:
+    """Every variable of the worker contract as this rank sees it (MASTER_PORT differs per run)."""
+    return {name: os.environ.get(name) for name in ALL_CONTRACT}
+
+
+def big_result(megabytes: int) -> bytes:
+    rank = int(os.environ["RANK"])
+    return bytes([rank]) * (megabytes << 20)
+
+
+def whoami() -> tuple[int, int, str]:
+    print(f"hello from rank {os.environ['RANK']}", flush=True)
+    return int(os.environ["RANK"]), os.getpid(), socket.gethostname()
+
+
+def fail_after_peer_started(rank: int) -> None:
+    """`rank` raises once every rank is up (gloo init); the others block in a collective."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == rank:
+        time.sleep(0.2)
+        raise RuntimeError(f"deliberate failure on rank {rank}")
+    dist.all_reduce(torch.ones(1))  # waits for the failed rank: must be stopped by hora
+    time.sleep(3600)
+
+
+def visible_gpus() -> tuple[str | None, str]:
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ["LOCAL_RANK"]

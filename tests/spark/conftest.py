@@ -1,0 +1,65 @@
+"""Real local Spark for the engine's tests: one SparkSession per test module, loopback only.
+
+Skipped cleanly when pyspark or Java is missing. Every test checks that no hora worker process
+(the training processes the Spark tasks start) survives it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+import pytest
+
+from tests.conftest import tagged_processes
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed")
+if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+    pytest.skip("Java is not installed: Spark cannot start", allow_module_level=True)
+
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def start_spark(master: str, **conf: str):
+    """A SparkSession bound to 127.0.0.1 with the UI off; the caller stops it."""
+    from pyspark.sql import SparkSession
+
+    builder = (
+        SparkSession.builder.master(master)
+        .appName("hora-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.log.level", "ERROR")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def worker_processes() -> list[int]:
+    """Live hora worker processes started under this test session."""
+    found = []
+    for pid in tagged_processes():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"hora._worker" in cmdline:
+            found.append(pid)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_worker_survives_spark():
+    yield
+    deadline = time.monotonic() + 10
+    while (left := worker_processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"hora worker processes left running after the test: {left}"

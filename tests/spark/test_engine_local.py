@@ -1,0 +1,154 @@
+"""The Spark engine on a real `local[2]` SparkSession: results, env, logs, failures, slots."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import pytest
+
+import hora
+from tests import _workers
+from tests.spark import _jobs
+from tests.spark.conftest import start_spark
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = start_spark("local[2]")
+    yield session
+    session.stop()
+
+
+def test_runner_np_positive_runs_on_spark_and_returns_rank_zero(spark):
+    rank, pid, _host = hora.Runner(np=2).run(_jobs.whoami)
+    assert rank == 0 and pid > 0
+
+
+def test_run_auto_picks_spark_and_returns_every_rank(spark):
+    results = hora.run(_workers.rank_times, (10,), np=2)  # backend="auto"
+    assert results == [0, 10]
+
+
+def test_gloo_allreduce_with_no_init_arguments(spark):
+    assert hora.run(_workers.gloo_allreduce, np=2, backend="spark") == [3.0, 3.0]
+
+
+def test_env_contract_equals_local_mode(spark):
+    env = {"USER_VAR": "from-the-user"}
+    on_spark = hora.run(_jobs.contract, np=2, backend="spark", env=env)
+    local = hora.run(_jobs.contract, np=2, backend="local", env=env)
+    assert on_spark == local
+    assert [e["RANK"] for e in on_spark] == ["0", "1"]
+    assert [e["LOCAL_RANK"] for e in on_spark] == ["0", "1"]
+    assert on_spark[0]["USER_VAR"] == "from-the-user"
+
+
+def test_large_result_travels_through_the_channel(spark):
+    results = hora.run(_jobs.big_result, (64,), np=2, backend="spark")
+    assert [len(r) for r in results] == [64 << 20] * 2
+    assert results[1][:3] == b"\x01\x01\x01"
+
+
+def test_logs_are_live_and_marked_with_rank_and_host(spark, capfd):
+    assert hora.run(_workers.chatter, (50,), np=2, backend="spark") == ["done", "done"]
+    out, err = capfd.readouterr()
+    for rank in (0, 1):
+        lines = [line for line in out.splitlines() if f" out {rank} " in line]
+        assert len(lines) == 50, out[-2000:]
+        assert all(line.startswith(f"[{rank}@") for line in lines)
+        assert sum(f"] err {rank} " in line for line in err.splitlines()) == 50
+        assert out.count(f"last words of {rank} without newline") == 1
+
+
+def test_log_callback_only(spark, capfd):
+    hora.Runner(np=2, driver_log_verbosity="log_callback_only").run(_workers.log_and_print)
+    out, _ = capfd.readouterr()
+    assert "plain print" not in out
+    assert "callback message from 0" in out and "callback message from 1" in out
+
+
+def test_failing_rank_stops_the_stage_with_the_remote_traceback(spark):
+    start = time.monotonic()
+    with pytest.raises(hora.WorkerFailedError) as info:
+        hora.run(_jobs.fail_after_peer_started, (1,), np=2, backend="spark")
+    assert time.monotonic() - start < 30
+    message = str(info.value)
+    assert message.startswith("rank 1 failed: RuntimeError: deliberate failure on rank 1")
+    assert "_jobs.py" in message and "fail_after_peer_started" in message  # the worker's frames
+    assert info.value.rank == 1
+
+
+def test_failure_is_reported_within_ten_seconds(spark):
+    start = time.monotonic()
+    with pytest.raises(hora.WorkerFailedError, match="rank 0 failed: ValueError"):
+        hora.run(_workers.fail_on, (0, "raise"), np=2, backend="spark")
+    assert time.monotonic() - start < 10
+
+
+def test_killed_worker_process(spark):
+    with pytest.raises(hora.WorkerFailedError) as info:
+        hora.run(_workers.killed_while_peer_in_collective, np=2, backend="spark")
+    assert str(info.value).startswith("rank 1 failed: killed by signal 9 (SIGKILL)")
+
+
+def test_too_many_ranks_fail_at_once_saying_what_to_change(spark):
+    start = time.monotonic()
+    with pytest.raises(ValueError) as info:
+        hora.Runner(np=3).run(_workers.rank_times, x=1)
+    assert time.monotonic() - start < 5
+    message = str(info.value)
+    assert "np=3" in message and "has 2" in message and "local[N]" in message
+
+
+def test_start_timeout_when_slots_are_busy(spark):
+    """Another job holds a slot: the stage cannot start, and start_timeout says which ranks."""
+    sc = spark.sparkContext
+    blocker_started = threading.Event()
+
+    def block() -> None:
+        sc.setJobGroup("hora-test-blocker", "holds one slot", interruptOnCancel=True)
+        blocker_started.set()
+        with contextlib.suppress(Exception):  # cancelled below
+            sc.parallelize([0], 1).map(lambda _: time.sleep(120)).collect()
+
+    from pyspark import InheritableThread
+
+    blocker = InheritableThread(target=block, daemon=True)
+    blocker.start()
+    blocker_started.wait()
+    time.sleep(1.0)  # let the blocking task take its slot
+    try:
+        start = time.monotonic()
+        with pytest.raises(hora.RunTimeoutError) as info:
+            hora.run(_workers.rank_times, (1,), np=2, backend="spark", start_timeout=3)
+        assert time.monotonic() - start < 15
+        assert "did not start within start_timeout=3" in str(info.value)
+        assert set(info.value.ranks) == {0, 1}
+    finally:
+        sc.cancelJobGroup("hora-test-blocker")
+        blocker.join(30)
+    # the slots are free again: the next run works
+    assert hora.run(_workers.rank_times, (2,), np=2, backend="spark") == [0, 2]
+
+
+def test_unpicklable_function_fails_before_any_task(spark):
+    lock = threading.Lock()
+
+    def main():
+        return lock
+
+    with pytest.raises(hora.UnpicklableError, match="lock"):
+        hora.Runner(np=2).run(main)
+
+
+def test_use_gpu_without_gpu_tasks_is_refused(spark):
+    from hora.spark import TorchDistributor
+
+    with pytest.raises(ValueError, match=r"spark.task.resource.gpu.amount"):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=True).run(
+            _workers.rank_times, 1
+        )
