@@ -18,10 +18,11 @@ from typing import Any
 
 import cloudpickle
 
-from hora import _channel
+from hora import _channel, environment
 from hora.config import RunConfig
 from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.launchers import LaunchContext, Launcher
+from hora.timeline._driver import DriverTimeline
 
 TAIL_LINES = 30
 SETTLE_SECONDS = 0.3  # after a first failure, wait this long for its cause to be reported too
@@ -53,11 +54,13 @@ class Job:
         self.failures: dict[int, Failure] = {}
         self.tails: dict[int, deque[str]] = {r: deque(maxlen=TAIL_LINES) for r in range(config.np)}
         self.stopping = False
+        self.timeline = DriverTimeline()  # ranks send ("timeline", rank, path, events)
 
     def run(self) -> list[Any]:
         secret = _channel.new_secret()
         server = _channel.Server(secret, self.events, host=self.launcher.channel_host)
-        ctx = LaunchContext(self.config.np, server.address, secret, self.events, self.config.env)
+        env = environment.driver_env() | dict(self.config.env)
+        ctx = LaunchContext(self.config.np, server.address, secret, self.events, env)
         try:
             self.launcher.start(ctx)
             self._monitor()
@@ -66,6 +69,7 @@ class Job:
             self.launcher.stop()
             server.close()
             self._drain()
+            self.timeline.close()
         return [
             None if self.results[r] is None else cloudpickle.loads(self.results[r])
             for r in range(self.config.np)
@@ -143,6 +147,8 @@ class Job:
         elif kind == "engine_failed":
             rank, summary, detail = body
             self.failures.setdefault(rank, Failure(rank, summary, detail, False, time.time()))
+        elif kind == "timeline":
+            self.timeline.receive(*body)
 
     def _output(self, rank: int, stream: str, text: str) -> None:
         self.tails[rank].append(text)
@@ -179,6 +185,8 @@ class Job:
                 return
             if message and message[0] == "output":
                 self._output(*message[1:])
+            elif message and message[0] == "timeline":
+                self.timeline.receive(*message[1:])
 
     # -- the story of a failure -------------------------------------------------------------
     def _failure_error(self) -> WorkerFailedError:

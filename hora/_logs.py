@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+
 from hora._channel import Connection
 
 _channel: Connection | None = None
 _rank: int | None = None
+#: run (in order, errors ignored) while the channel is still up, just before the job's result is
+#: sent: the timeline ships its last events here.
+before_detach: list[Callable[[], None]] = []
 
 
 def attach(conn: Connection, rank: int) -> None:
@@ -16,6 +22,9 @@ def attach(conn: Connection, rank: int) -> None:
 
 def detach() -> None:
     global _channel, _rank
+    for hook in list(before_detach):
+        with contextlib.suppress(Exception):  # the job's result must still be sent
+            hook()
     _channel, _rank = None, None
 
 

@@ -1,4 +1,7 @@
-"""`hora run -np N script.py [args...]`: horovodrun/torchrun's command line, as a thin adapter."""
+"""`hora run -np N script.py [args...]`: horovodrun/torchrun's command line, as a thin adapter.
+
+`hora timeline summary trace.json` prints where a recorded timeline's time went.
+"""
 
 from __future__ import annotations
 
@@ -39,12 +42,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_cmd.add_argument("script", help="the Python script every rank runs")
     run_cmd.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    timeline_cmd = commands.add_parser("timeline", help="read a timeline (HOROVOD_TIMELINE) file")
+    timeline_actions = timeline_cmd.add_subparsers(dest="action", required=True)
+    summary_cmd = timeline_actions.add_parser(
+        "summary", help="where the time went, per phase and per rank"
+    )
+    summary_cmd.add_argument("trace", help="the trace file (Chrome trace JSON)")
     return parser
+
+
+def _timeline(ns: argparse.Namespace) -> int:
+    from hora.timeline import summary_text
+
+    try:
+        print(summary_text(ns.trace))
+    except (OSError, ValueError) as exc:
+        print(f"hora: error: cannot read the timeline {ns.trace}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hora` command; returns the exit status."""
     ns = _parser().parse_args(argv)
+    if ns.command == "timeline":
+        return _timeline(ns)
     try:
         script = check_script(ns.script)
         run(

@@ -18,6 +18,10 @@ AGENT_STORE_VARS = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTAR
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
+# Set on the driver, they reach every rank even where workers do not inherit the driver's
+# environment (Spark executors): the timeline is asked for on the driver and written there.
+DRIVER_VARS = ("HOROVOD_TIMELINE", "HORA_TIMELINE", "HOROVOD_TIMELINE_MARK_CYCLES")
+
 
 @dataclass(frozen=True)
 class RankPlacement:
@@ -106,3 +110,9 @@ def worker_env(
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.update(user_env or {})
     return env
+
+
+def driver_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The DRIVER_VARS set in the driver's environment, to pass to every worker."""
+    env = os.environ if environ is None else environ
+    return {name: env[name] for name in DRIVER_VARS if env.get(name)}
