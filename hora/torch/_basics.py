@@ -1,0 +1,324 @@
+"""Process basics: init/shutdown, ranks and sizes, capability probes.
+
+`init()` reads whichever launcher started the process (hora, horovodrun, torchrun,
+TorchDistributor), reuses torch.distributed when the user already initialised it, and otherwise
+initialises it from the environment; with no launcher at all it is a world of one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hora.environment import placements
+from hora.timeline import _control as _timeline
+from hora.torch import _channel, _state
+from hora.torch._common import NOT_INITIALIZED
+from hora.torch._engine import Engine, EngineConfig
+from hora.torch._execute import GroupInfo
+from hora.torch._process_sets import ProcessSet, destroy_groups, global_process_set, register
+
+_atexit_registered = False
+_created_default_group = False
+
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+DEFAULT_CYCLE_TIME_MS = 1.0
+
+
+def _env_int(*names: str) -> int | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            return int(value)
+    return None
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value not in (None, "") else default
+
+
+def timeout() -> timedelta:
+    """How long a backend or the negotiation channel waits for a silent peer."""
+    return timedelta(seconds=_env_float("HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0))
+
+
+def _init_torch_distributed() -> bool:
+    """Initialise the default group from the launcher's environment; False when there is none."""
+    rank = _env_int("RANK", "HOROVOD_RANK")
+    size = _env_int("WORLD_SIZE", "HOROVOD_SIZE")
+    if size is None or rank is None:
+        return False
+    if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+        if size == 1:
+            return False
+        raise ValueError(
+            "hora.torch.init(): RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not; "
+            "start the processes with hora, torchrun or TorchDistributor"
+        )
+    backend = "gloo"
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        backend = "cpu:gloo,cuda:nccl"
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size)
+    return True
+
+
+def _placement(rank: int, size: int, world: Any) -> tuple[int, int, int, int]:
+    """(local_rank, local_size, cross_rank, cross_size): from the launcher, else from host names."""
+    values = (
+        _env_int("HOROVOD_LOCAL_RANK", "LOCAL_RANK"),
+        _env_int("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
+        _env_int("HOROVOD_CROSS_RANK", "GROUP_RANK"),
+        _env_int("HOROVOD_CROSS_SIZE", "GROUP_WORLD_SIZE"),
+    )
+    if all(v is not None for v in values):
+        return values  # type: ignore[return-value]
+    if size == 1:
+        return 0, 1, 0, 1
+    hosts: list[Any] = [None] * size
+    dist.all_gather_object(hosts, socket.gethostname(), group=world)
+    p = placements([str(h) for h in hosts])[rank]
+    return p.local_rank, p.local_size, p.cross_rank, p.cross_size
+
+
+def init(
+    comm: Sequence[int] | None = None,
+    process_sets: Sequence[ProcessSet] | str | None = None,
+) -> None:
+    """Start hora.torch on this process: every rank calls it; a second call does nothing."""
+    global _atexit_registered, _created_default_group
+    if _state.current is not None:
+        return
+    if dist.is_initialized():
+        rank, size = dist.get_rank(), dist.get_world_size()
+    elif _init_torch_distributed():
+        _created_default_group = True
+        rank, size = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, size = 0, 1
+    if comm is not None and sorted(int(r) for r in comm) != list(range(size)):
+        raise NotImplementedError(
+            "hora.torch.init(comm=...) supports only the whole world; use a ProcessSet for a "
+            "subset of ranks"
+        )
+    wait = timeout()
+    world = make_world(rank, size, wait)
+    local_rank, local_size, cross_rank, cross_size = _placement(rank, size, world.gloo)
+    groups: dict[int, GroupInfo] = {0: world}
+    engine = _start_engine(rank, size, groups, wait)
+    dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") in (
+        "1",
+        "true",
+        "True",
+    )
+    _state.current = _state.State(
+        rank=rank,
+        size=size,
+        local_rank=local_rank,
+        local_size=local_size,
+        cross_rank=cross_rank,
+        cross_size=cross_size,
+        engine=engine,
+        groups=groups,
+        dynamic=dynamic,
+    )
+    _state.current.process_sets[0] = global_process_set
+    global_process_set.ranks = list(range(size))
+    if process_sets is not None and not isinstance(process_sets, str):
+        for ps in process_sets:
+            register(ps, wait)
+        if process_sets:
+            barrier_all()
+    if not _atexit_registered:
+        atexit.register(_at_exit)
+        _atexit_registered = True
+    _timeline.on_init(rank, size, world.gloo)  # HOROVOD_TIMELINE: start recording
+
+
+def make_world(rank: int, size: int, wait: timedelta) -> GroupInfo:
+    """hora's own groups over the world: never the user's default group (its order is theirs)."""
+    from hora.torch._process_sets import make_groups
+
+    if size == 1:
+        return GroupInfo(ranks=(0,), index=0)
+    return make_groups(list(range(size)), rank, wait)
+
+
+def _start_engine(rank: int, size: int, groups: dict[int, GroupInfo], wait: timedelta) -> Engine:
+    world = groups[0]
+    config = EngineConfig(
+        rank=rank,
+        size=size,
+        cycle_time_s=_env_float("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_TIME_MS) / 1000.0,
+        fusion_threshold=int(_env_float("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)),
+        timeout_s=wait.total_seconds(),
+        stall_warning_s=_env_float("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
+    )
+    if size == 1:
+        return Engine(config, groups, {}, None)
+    token = _channel.new_token()
+    server = None
+    address = ""
+    if rank == 0:
+        server, address = _channel.listen(_channel.local_address(os.environ.get("MASTER_ADDR")))
+    box: list[Any] = [address, token]
+    dist.broadcast_object_list(box, src=0, group=world.gloo)
+    if rank == 0:
+        assert server is not None
+        peers = _channel.accept_workers(server, size - 1, token, config.timeout_s)
+        return Engine(config, groups, peers, None)
+    sock = _channel.connect(box[0], rank, box[1], config.timeout_s)
+    return Engine(config, groups, None, sock)
+
+
+def barrier_all() -> None:
+    """A barrier through the engine (so it is ordered after any control message)."""
+    from hora.torch.mpi_ops import barrier
+
+    barrier()
+
+
+def shutdown() -> None:
+    """Stop the engine and release hora's groups; `init()` may be called again afterwards."""
+    state = _state.current
+    if state is None:
+        return
+    _state.current = None
+    _timeline.on_shutdown()  # write the timeline's last events
+    state.engine.stop(timeout().total_seconds())
+    for ps in state.process_sets.values():
+        if ps is not global_process_set:
+            ps.process_set_id = None
+    if not state.engine._thread.is_alive():  # never pull groups from under a stuck thread
+        for info in state.groups.values():
+            destroy_groups(info)
+
+
+def _at_exit() -> None:
+    global _created_default_group
+    shutdown()
+    if _created_default_group and dist.is_initialized():
+        _created_default_group = False
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def is_initialized() -> bool:
+    return _state.current is not None
+
+
+def size() -> int:
+    """Number of processes in the world."""
+    return _state.get().size
+
+
+def rank() -> int:
+    """This process's global rank."""
+    return _state.get().rank
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    return _state.get().local_size
+
+
+def local_rank() -> int:
+    """This process's rank on its host (pin a GPU with it)."""
+    return _state.get().local_rank
+
+
+def cross_size() -> int:
+    """Number of hosts."""
+    return _state.get().cross_size
+
+
+def cross_rank() -> int:
+    """This host's index among the hosts."""
+    return _state.get().cross_rank
+
+
+def is_homogeneous() -> bool:
+    """Whether every host runs the same number of processes."""
+    state = _state.get()
+    return state.local_size * state.cross_size == state.size
+
+
+# ----- capability probes (what was built in, as Horovod reports it) ------------------------------
+def mpi_enabled() -> bool:
+    return False
+
+
+def mpi_built() -> bool:
+    return False
+
+
+def mpi_threads_supported() -> bool:
+    raise ValueError("Horovod MPI is not enabled: hora.torch runs on torch.distributed")
+
+
+def gloo_enabled() -> bool:
+    return bool(dist.is_available() and dist.is_gloo_available())
+
+
+def gloo_built() -> bool:
+    return gloo_enabled()
+
+
+def nccl_built() -> int:
+    """NCCL version code (e.g. 22105 for 2.21.5), 0 when torch has no NCCL."""
+    if not (dist.is_available() and dist.is_nccl_available()):
+        return 0
+    try:
+        major, minor, patch = torch.cuda.nccl.version()[:3]
+    except Exception:
+        return 0
+    return int(major) * 10000 + int(minor) * 100 + int(patch)
+
+
+def ddl_built() -> bool:
+    return False
+
+
+def ccl_built() -> bool:
+    return False
+
+
+def cuda_built() -> bool:
+    return bool(torch.backends.cuda.is_built())
+
+
+def rocm_built() -> bool:
+    return torch.version.hip is not None
+
+
+__all__ = [
+    "NOT_INITIALIZED",
+    "ccl_built",
+    "cross_rank",
+    "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "gloo_built",
+    "gloo_enabled",
+    "init",
+    "is_homogeneous",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "rank",
+    "rocm_built",
+    "shutdown",
+    "size",
+]

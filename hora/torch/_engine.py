@@ -1,0 +1,432 @@
+"""The background engine: one thread per process that negotiates and runs every collective.
+
+The caller's thread only records an operation and wakes the engine (`submit` returns a handle at
+once). The engine thread sends requests to the coordinator (rank 0's engine), receives the agreed
+buckets, runs them on the data path and completes the handles. No rank polls while idle: the
+threads sleep in `select` until a submission or a message arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hora.torch import _channel
+from hora.torch import _timeline_hooks as _th
+from hora.torch._common import SHUT_DOWN, HorovodInternalError
+from hora.torch._execute import GroupInfo, LocalOp, run_bucket
+from hora.torch._negotiation import Bucket, Coordinator, Failure, JoinDone, Request, Response
+
+log = logging.getLogger("hora.torch")
+
+_JOIN = "J"
+_SHUTDOWN = "S"
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Sent by the coordinator: every engine stops and fails what is pending with `reason`."""
+
+    reason: str
+
+
+@dataclass
+class Op:
+    """One submitted operation, from `submit` to `synchronize`."""
+
+    request: Request | None  # None for join
+    local: LocalOp
+    finish: Callable[[list[Any]], Any]
+    event: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+    def complete(self, result: Any = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.event.set()
+
+
+@dataclass
+class EngineConfig:
+    rank: int
+    size: int
+    cycle_time_s: float
+    fusion_threshold: int
+    timeout_s: float
+    stall_warning_s: float
+
+
+class Engine:
+    """Owns the negotiation sockets, the in-flight table and the background thread."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        process_sets: dict[int, GroupInfo],
+        coordinator_peers: dict[int, socket.socket] | None,
+        worker_socket: socket.socket | None,
+    ) -> None:
+        self.config = config
+        self.process_sets = process_sets
+        self._peers = coordinator_peers or {}
+        self._sock = worker_socket
+        self._coordinator = (
+            Coordinator(config.size, config.fusion_threshold) if config.rank == 0 else None
+        )
+        if self._coordinator is not None:
+            for ps_id, info in process_sets.items():
+                self._coordinator.set_process_set(ps_id, info.ranks)
+        self._lock = threading.Lock()
+        self._queue: list[Any] = []
+        self._inflight: dict[tuple[int, str], Op] = {}
+        self._join_op: Op | None = None
+        self._handles: dict[int, Op] = {}
+        self._next_handle = 0
+        self._counters: dict[tuple[str, int], int] = {}
+        self._error: str | None = None
+        self._wake_r, self._wake_w = _channel.wake_pair()
+        # True while the engine thread sleeps with nothing queued: only then does a submission
+        # pay for a wake-up (a syscall and a GIL hand-over); a busy thread re-reads the queue.
+        self._idle = False
+        self._thread = threading.Thread(target=self._main, name="hora-torch-engine", daemon=True)
+        self._thread.start()
+
+    # ----- caller's thread -------------------------------------------------------------------
+    def generated_name(self, kind: str, process_set_id: int) -> str:
+        """Name an unnamed op; counted per kind and process set, so that ranks agree as long as
+        they submit the same unnamed ops of a set in the same order (Horovod's contract)."""
+        key = (kind, process_set_id)
+        with self._lock:
+            n = self._counters.get(key, 0)
+            self._counters[key] = n + 1
+        return f"{kind}.noname.{n}"
+
+    def submit(self, op: Op) -> int:
+        """Queue `op` and return its handle; a duplicate in-flight name raises ValueError."""
+        with self._lock:
+            if self._error is not None:
+                raise HorovodInternalError(self._error)
+            if op.request is None:
+                if self._join_op is not None:
+                    raise ValueError("join() is already in progress")
+                self._join_op = op
+                self._queue.append(_JOIN)
+            else:
+                key = (op.request.process_set_id, op.request.name)
+                if key in self._inflight:
+                    raise ValueError(
+                        f"An operation named '{op.request.name}' is already in flight; names of "
+                        "pending operations must be unique."
+                    )
+                self._inflight[key] = op
+                self._queue.append(op.request)
+            handle = self._next_handle
+            self._next_handle += 1
+            self._handles[handle] = op
+            wake, self._idle = self._idle, False
+        rec = _th.recorder
+        if rec.enabled and op.request is not None:
+            rec.begin(op.request.name, "NEGOTIATE_" + op.request.kind.upper())
+        if wake:
+            self._wake()
+        return handle
+
+    def control(self, item: tuple[Any, ...]) -> None:
+        """Queue a control message (process-set changes) in order with the submissions."""
+        with self._lock:
+            self._queue.append(item)
+            self._idle = False
+        self._wake()
+
+    def poll(self, handle: int) -> bool:
+        op = self._handles.get(handle)
+        if op is None:
+            raise ValueError(f"Handle {handle} was not created or has been cleared.")
+        return op.event.is_set()
+
+    def synchronize(self, handle: int) -> Any:
+        op = self._handles.get(handle)
+        if op is None:
+            raise ValueError(f"Handle {handle} was not created or has been cleared.")
+        op.event.wait()
+        del self._handles[handle]
+        if op.error is not None:
+            raise op.error
+        return op.result
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Tell every rank we are shutting down and wait (bounded) for the thread to finish."""
+        if self._thread.is_alive():
+            with self._lock:
+                self._queue.append(_SHUTDOWN)
+                self._idle = False
+            self._wake()
+            self._thread.join(timeout)
+        self._fail_all(SHUT_DOWN)
+        for s in (self._wake_r, self._wake_w, self._sock, *self._peers.values()):
+            if s is not None:
+                s.close()
+
+    @property
+    def failed(self) -> str | None:
+        return self._error
+
+    def _wake(self) -> None:
+        try:  # noqa: SIM105 - a hot path: suppress() costs a context manager per call
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full, so a wake-up is pending anyway
+
+    # ----- engine thread ---------------------------------------------------------------------
+    def _main(self) -> None:
+        torch.set_grad_enabled(False)  # the engine moves data; autograd lives in the caller
+        try:
+            if self._coordinator is not None:
+                self._run_coordinator()
+            else:
+                self._run_worker()
+        except Exception as exc:
+            log.debug("hora.torch engine stopped", exc_info=True)
+            reason = f"{SHUT_DOWN} ({type(exc).__name__}: {exc})"
+            self._fail_all(reason)
+            self._tell_peers(reason)
+
+    def _tell_peers(self, reason: str) -> None:
+        """Best effort: make the other ranks fail now rather than at their backend's timeout."""
+        try:
+            if self._sock is not None:
+                _channel.send_msg(self._sock, [_SHUTDOWN])
+            payload = _channel.pack([Shutdown(reason)])
+            for peer in self._peers.values():
+                _channel.send_payload(peer, payload)
+        except OSError:
+            pass
+
+    def _take_queue(self, idle_if_empty: bool = False) -> list[Any]:
+        """Take what was submitted; with `idle_if_empty`, an empty queue marks the thread idle."""
+        with self._lock:
+            items, self._queue = self._queue, []
+            self._idle = idle_if_empty and not items
+        return items
+
+    def _mark_idle(self) -> bool:
+        """Declare the thread about to sleep; False (and stay awake) if work arrived meanwhile."""
+        with self._lock:
+            if self._queue:
+                return False
+            self._idle = True
+            return True
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def _apply_control(self, item: Any) -> bool:
+        """Handle a control tuple; True when it was one."""
+        if isinstance(item, tuple) and not isinstance(item, Request) and item[0] == "P":
+            _, ps_id, ranks = item
+            if self._coordinator is not None:
+                self._coordinator.set_process_set(ps_id, ranks)
+            return True
+        return False
+
+    def _run_worker(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        sel.register(sock, selectors.EVENT_READ)
+        unsent: list[Any] = []
+        last_send = 0.0
+        stopping_since: float | None = None
+        cycle = self.config.cycle_time_s
+        while True:
+            for item in self._take_queue():
+                if not self._apply_control(item):
+                    unsent.append(item)
+            now = time.monotonic()
+            if unsent and (now - last_send >= cycle or _SHUTDOWN in unsent):
+                _channel.send_msg(sock, unsent)
+                if _SHUTDOWN in unsent:
+                    stopping_since = now
+                unsent, last_send = [], now
+            if stopping_since is not None and now - stopping_since > self.config.timeout_s:
+                raise ConnectionError("the coordinator did not acknowledge shutdown")
+            timeout = max(0.0, last_send + cycle - now) if unsent else None
+            if stopping_since is not None:
+                timeout = 0.5
+            if timeout is None and not self._mark_idle():
+                continue
+            for key, _ in sel.select(timeout):
+                if key.fileobj is self._wake_r:
+                    self._drain_wake()
+                    continue
+                try:
+                    responses = _channel.recv_msg(sock)
+                except (ConnectionError, OSError) as exc:
+                    raise ConnectionError("lost the connection to rank 0 (coordinator)") from exc
+                if self._handle(responses):
+                    return
+
+    def _run_coordinator(self) -> None:
+        coord = self._coordinator
+        assert coord is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ)
+        for rank, peer in self._peers.items():
+            sel.register(peer, selectors.EVENT_READ, rank)
+        shutdown: str | None = None
+        stall_since: float | None = None
+        warned = False
+        while True:
+            timeout = None
+            if stall_since is not None and not warned:
+                timeout = max(0.0, stall_since + self.config.stall_warning_s - time.monotonic())
+            if not self._mark_idle():
+                timeout = 0.0
+            for key, _ in sel.select(timeout):
+                if key.fileobj is self._wake_r:
+                    self._drain_wake()
+                    continue
+                rank = key.data
+                try:
+                    items = _channel.recv_msg(key.fileobj)  # type: ignore[arg-type]
+                except (ConnectionError, OSError):
+                    sel.unregister(key.fileobj)
+                    self._peers.pop(rank, None)
+                    shutdown = shutdown or f"{SHUT_DOWN} (rank {rank} disconnected)"
+                    continue
+                for item in items:
+                    if item == _SHUTDOWN:
+                        shutdown = shutdown or SHUT_DOWN
+                    elif item == _JOIN:
+                        coord.join(rank)
+                    else:
+                        coord.submit(rank, item)
+            for item in self._take_queue():
+                if self._apply_control(item):
+                    continue
+                if item == _SHUTDOWN:
+                    shutdown = shutdown or SHUT_DOWN
+                elif item == _JOIN:
+                    coord.join(0)
+                else:
+                    coord.submit(0, item)
+            responses: list[Any] = coord.take()
+            if shutdown is not None:
+                responses.append(Shutdown(shutdown))
+            if responses:
+                payload = _channel.pack(responses)
+                for peer in list(self._peers.values()):
+                    try:
+                        _channel.send_payload(peer, payload)
+                    except OSError:
+                        shutdown = shutdown or SHUT_DOWN
+                if self._handle(responses):
+                    return
+            if not coord.has_pending():
+                stall_since, warned = None, False
+            elif stall_since is None:
+                stall_since = time.monotonic()
+            elif not warned and time.monotonic() - stall_since >= self.config.stall_warning_s:
+                warned = True
+                missing = {
+                    name: sorted(set(range(self.config.size)) - set(ranks))
+                    for name, ranks in coord.pending_names().items()
+                }
+                log.warning(
+                    "hora.torch: operations waiting for %.0fs; ranks still missing per name: %s",
+                    self.config.stall_warning_s,
+                    missing,
+                )
+
+    def _handle(self, responses: list[Response | Shutdown]) -> bool:
+        """Apply the coordinator's decisions in order; True once the engine must stop."""
+        rec = _th.recorder
+        for resp in responses:
+            if isinstance(resp, Bucket):
+                self._run(resp)
+            elif isinstance(resp, Failure):
+                info = self.process_sets.get(resp.process_set_id)
+                if info is None or info.index < 0:
+                    continue
+                with self._lock:
+                    op = self._inflight.pop((resp.process_set_id, resp.name), None)
+                if op is not None:
+                    if rec.enabled and op.request is not None:
+                        rec.end(op.request.name, "NEGOTIATE_" + op.request.kind.upper())
+                    op.complete(error=HorovodInternalError(resp.message))
+            elif isinstance(resp, JoinDone):
+                with self._lock:
+                    op, self._join_op = self._join_op, None
+                if op is not None:
+                    op.complete(result=op.finish([resp.last_rank]))
+            elif isinstance(resp, Shutdown):
+                self._fail_all(resp.reason)
+                return True
+        return False
+
+    def _run(self, bucket: Bucket) -> None:
+        info = self.process_sets.get(bucket.process_set_id)
+        if info is None or info.index < 0:
+            return
+        with self._lock:
+            ops = [
+                self._inflight.pop((bucket.process_set_id, e.name), None) for e in bucket.entries
+            ]
+        rec = _th.recorder
+        if rec.enabled:
+            kind = bucket.kind.upper()
+            for e in bucket.entries:
+                rec.end(e.name, "NEGOTIATE_" + kind)
+                rec.begin(e.name, kind)
+        try:
+            run_bucket(bucket, [op.local if op is not None else None for op in ops], info)
+        except Exception as exc:
+            error = HorovodInternalError(f"{bucket.kind} failed: {type(exc).__name__}: {exc}")
+            for op in ops:
+                if op is not None:
+                    op.complete(error=error)
+            raise
+        for entry, op in zip(bucket.entries, ops, strict=True):
+            if rec.enabled:
+                ref = entry.ref
+                rec.end(
+                    entry.name,
+                    bucket.kind.upper(),
+                    {
+                        "dtype": ",".join(ref.dtypes),
+                        "shape": [list(s) for s in ref.shapes],
+                        "bytes": ref.nbytes,
+                    },
+                )
+            if op is None:
+                continue
+            try:
+                op.complete(result=op.finish(op.local.outputs or []))
+            except Exception as exc:  # a finishing step (e.g. a copy) failed on this rank only
+                op.complete(error=exc)
+
+    def _fail_all(self, reason: str) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = reason
+            ops = list(self._inflight.values())
+            self._inflight.clear()
+            if self._join_op is not None:
+                ops.append(self._join_op)
+                self._join_op = None
+        for op in ops:
+            if not op.event.is_set():
+                op.complete(error=HorovodInternalError(reason))

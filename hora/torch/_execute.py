@@ -1,0 +1,409 @@
+"""The data path: run one negotiated bucket with gloo (CPU) or NCCL (CUDA).
+
+Every rank runs the same buckets in the same order, so the backend's order-matched collectives
+always meet. A bucket of one tensor is reduced where it lies (no fusion copy); a bucket of many is
+packed into one buffer, reduced once, and handed back as views of that buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hora.torch import _timeline_hooks as _th
+from hora.torch._common import Average, Max, Min, Product, Sum
+from hora.torch._dtypes import as_bytes, cast_back_, dtype_from_name, reduce_dtype, scale_
+from hora.torch._negotiation import (
+    ALLGATHER,
+    ALLREDUCE,
+    ALLTOALL,
+    BARRIER,
+    BROADCAST,
+    REDUCESCATTER,
+    Bucket,
+    Request,
+)
+
+_REDUCE_OPS = {
+    Average: dist.ReduceOp.SUM,
+    Sum: dist.ReduceOp.SUM,
+    Min: dist.ReduceOp.MIN,
+    Max: dist.ReduceOp.MAX,
+    Product: dist.ReduceOp.PRODUCT,
+}
+_ALIGN = 16  # byte offsets inside a fused buffer, so that every slice can be viewed as its dtype
+
+# Counters the tests read to see fusion at work (never timings).
+stats: Counter[str] = Counter()
+
+
+@dataclass
+class GroupInfo:
+    """A process set as the data path sees it: its ranks and its backend groups."""
+
+    ranks: tuple[int, ...]
+    index: int  # this process's position in `ranks`, -1 when not a member
+    gloo: Any = None  # a torch ProcessGroup, None when the set has one member
+    nccl: Any = None
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def group(self, device: str) -> Any:
+        return self.nccl if device == "cuda" else self.gloo
+
+
+@dataclass
+class LocalOp:
+    """What this rank submitted for one entry: its tensors, and whether to write into them."""
+
+    tensors: list[torch.Tensor]
+    inplace: bool
+    outputs: list[Any] | None = None
+
+
+def _begin(names: list[str], phase: str) -> None:
+    rec = _th.recorder
+    if rec.enabled:
+        for name in names:
+            rec.begin(name, phase)
+
+
+def _end(names: list[str], phase: str) -> None:
+    rec = _th.recorder
+    if rec.enabled:
+        for name in names:
+            rec.end(name, phase)
+
+
+def _device(device: str) -> torch.device:
+    if device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _zeros_like_request(req: Request, device: str) -> list[torch.Tensor]:
+    """A joined rank's contribution: zeros shaped like the others' tensors."""
+    dev = _device(device)
+    return [
+        torch.zeros(shape, dtype=dtype_from_name(dt), device=dev)
+        for dt, shape in zip(req.dtypes, req.shapes, strict=True)
+    ]
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def run_bucket(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo) -> None:
+    """Run `bucket` on this rank; results land in each op's `outputs`."""
+    kind = bucket.kind
+    device = bucket.entries[0].ref.device
+    stats["buckets"] += 1
+    if len(bucket.entries) > 1:
+        stats["fused_buckets"] += 1
+        stats["fused_entries"] += len(bucket.entries)
+    if kind == ALLREDUCE:
+        _allreduce(bucket, ops, info, device)
+    elif kind == ALLGATHER:
+        _allgather(bucket, ops, info, device)
+    elif kind == BROADCAST:
+        _broadcast(bucket, ops, info, device)
+    elif kind == ALLTOALL:
+        _alltoall(bucket, ops, info, device)
+    elif kind == REDUCESCATTER:
+        _reducescatter(bucket, ops, info, device)
+    elif kind == BARRIER:
+        for op in ops:
+            if op is not None:
+                op.outputs = []
+    else:  # pragma: no cover - the coordinator only sends known kinds
+        raise RuntimeError(f"unknown collective {kind}")
+    if device == "cuda":
+        torch.cuda.current_stream().synchronize()
+
+
+def _local_tensors(
+    bucket: Bucket, ops: list[LocalOp | None], device: str
+) -> list[list[torch.Tensor]]:
+    return [
+        op.tensors if op is not None else _zeros_like_request(entry.ref, device)
+        for entry, op in zip(bucket.entries, ops, strict=True)
+    ]
+
+
+def _backend(kind: str, device: str) -> str:
+    return f"{'NCCL' if device == 'cuda' else 'GLOO'}_{kind.upper()}"
+
+
+def _allreduce(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
+    ref = bucket.entries[0].ref
+    names = [e.name for e in bucket.entries]
+    group = info.group(device)
+    inputs = _local_tensors(bucket, ops, device)
+    outputs: list[list[Any]] = [[None] * len(ts) for ts in inputs]
+    by_dtype: dict[torch.dtype, list[tuple[int, int, torch.Tensor]]] = {}
+    for i, ts in enumerate(inputs):
+        for j, t in enumerate(ts):
+            by_dtype.setdefault(t.dtype, []).append((i, j, t))
+    post = ref.postscale / info.size if ref.op == Average else ref.postscale
+    for dtype, items in by_dtype.items():
+        wide = reduce_dtype(dtype, device)
+        inplace_single = (
+            len(items) == 1 and ops[items[0][0]] is not None and ops[items[0][0]].inplace
+        )  # type: ignore[union-attr]
+        _begin(names, "MEMCPY_IN_FUSION_BUFFER")
+        if len(items) == 1:
+            t = items[0][2]
+            if wide != dtype:
+                work = t.to(wide)
+            elif inplace_single:
+                work = t
+            else:
+                work = t.clone()
+        elif wide == dtype:
+            work = torch.cat([t.reshape(-1) for _, _, t in items])
+        else:
+            work = torch.empty(sum(t.numel() for _, _, t in items), dtype=wide, device=t.device)
+            offset = 0
+            for _, _, t in items:
+                work[offset : offset + t.numel()].copy_(t.reshape(-1))
+                offset += t.numel()
+        scale_(work, ref.prescale)
+        _end(names, "MEMCPY_IN_FUSION_BUFFER")
+        if group is not None:
+            _begin(names, _backend(ALLREDUCE, device))
+            dist.all_reduce(work, op=_REDUCE_OPS[ref.op], group=group)
+            stats["allreduce_calls"] += 1
+            _end(names, _backend(ALLREDUCE, device))
+        scale_(work, post)
+        _begin(names, "MEMCPY_OUT_FUSION_BUFFER")
+        offset = 0
+        for i, j, t in items:
+            piece = work if len(items) == 1 else work[offset : offset + t.numel()].view(t.shape)
+            offset += t.numel()
+            op = ops[i]
+            if op is not None and op.inplace:
+                if piece is not t:
+                    cast_back_(t, piece)
+                outputs[i][j] = t
+            elif wide != dtype:
+                out = torch.empty_like(t)
+                cast_back_(out, piece)
+                outputs[i][j] = out
+            else:
+                outputs[i][j] = piece
+        _end(names, "MEMCPY_OUT_FUSION_BUFFER")
+    for op, outs in zip(ops, outputs, strict=True):
+        if op is not None:
+            op.outputs = outs
+
+
+def _row_bytes(shape: tuple[int, ...], dtype: str) -> int:
+    return math.prod(shape[1:]) * dtype_from_name(dtype).itemsize
+
+
+def _allgather(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
+    names = [e.name for e in bucket.entries]
+    group = info.group(device)
+    inputs = _local_tensors(bucket, ops, device)
+    # rows[r][k]: rows rank r contributes to the k-th tensor of the bucket (0 when joined).
+    specs: list[tuple[int, int, str, tuple[int, ...]]] = []  # (entry, tensor, dtype, ref shape)
+    for i, entry in enumerate(bucket.entries):
+        for j, (dt, shape) in enumerate(zip(entry.ref.dtypes, entry.ref.shapes, strict=True)):
+            specs.append((i, j, dt, shape))
+    rows = [
+        [
+            bucket.entries[i].requests[rank].shapes[j][0]
+            if rank in bucket.entries[i].requests
+            else 0
+            for i, j, _, _ in specs
+        ]
+        for rank in info.ranks
+    ]
+    row_bytes = [_row_bytes(shape, dt) for _, _, dt, shape in specs]
+    me = info.index
+    dev = _device(device) if not inputs or not inputs[0] else inputs[0][0].device
+    mine = [inputs[i][j] if rows[me][k] else None for k, (i, j, _, _) in enumerate(specs)]
+    # Each rank's segment: its tensors' bytes, each aligned, padded to the longest segment.
+    seg_offsets = []
+    for r_rows in rows:
+        offs, pos = [], 0
+        for k, n in enumerate(r_rows):
+            offs.append(pos)
+            pos = _aligned(pos + n * row_bytes[k])
+        seg_offsets.append((offs, pos))
+    seg = max(total for _, total in seg_offsets)
+    _begin(names, "MEMCPY_IN_FUSION_BUFFER")
+    direct = len(specs) == 1 and mine[0] is not None and all(r[0] == rows[0][0] for r in rows)
+    if direct:
+        send = as_bytes(mine[0])  # type: ignore[arg-type]  # equal sizes, one tensor: gather straight into the output
+        seg = send.numel()
+    else:
+        send = torch.zeros(seg, dtype=torch.uint8, device=dev)
+        for k, t in enumerate(mine):
+            if t is not None and t.numel():
+                o = seg_offsets[me][0][k]
+                send[o : o + t.numel() * t.element_size()].copy_(as_bytes(t))
+    recv = torch.empty(seg * info.size, dtype=torch.uint8, device=dev)
+    _end(names, "MEMCPY_IN_FUSION_BUFFER")
+    if group is not None and seg:
+        _begin(names, _backend(ALLGATHER, device))
+        dist.all_gather_into_tensor(recv, send, group=group)
+        stats["allgather_calls"] += 1
+        _end(names, _backend(ALLGATHER, device))
+    elif seg:
+        recv.copy_(send)
+    _begin(names, "MEMCPY_OUT_FUSION_BUFFER")
+    outputs: list[list[Any]] = [[None] * len(ts) for ts in inputs]
+    for k, (i, j, dt, shape) in enumerate(specs):
+        dtype = dtype_from_name(dt)
+        total_rows = sum(r[k] for r in rows)
+        if direct:
+            flat = recv
+        else:
+            starts = [r * seg + seg_offsets[r][0][k] for r in range(info.size)]
+            pieces = [recv[s : s + rows[r][k] * row_bytes[k]] for r, s in enumerate(starts)]
+            flat = torch.cat(pieces)
+        outputs[i][j] = flat.view(dtype).reshape((total_rows, *shape[1:]))
+    _end(names, "MEMCPY_OUT_FUSION_BUFFER")
+    for op, outs in zip(ops, outputs, strict=True):
+        if op is not None:
+            op.outputs = outs
+
+
+def _broadcast(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
+    names = [e.name for e in bucket.entries]
+    root = bucket.entries[0].ref.root
+    group = info.group(device)
+    is_root = info.ranks[info.index] == root
+    inputs = _local_tensors(bucket, ops, device)
+    flat = [(i, j, t) for i, ts in enumerate(inputs) for j, t in enumerate(ts)]
+    outputs: list[list[Any]] = [[None] * len(ts) for ts in inputs]
+
+    def target(i: int, t: torch.Tensor) -> torch.Tensor:
+        op = ops[i]
+        if op is not None and op.inplace:
+            return t
+        return t.clone() if is_root else torch.empty_like(t)
+
+    if len(flat) == 1:
+        i, j, t = flat[0]
+        out = target(i, t)
+        if group is not None and out.numel():
+            _begin(names, _backend(BROADCAST, device))
+            dist.broadcast(as_bytes(out), src=root, group=group)
+            stats["broadcast_calls"] += 1
+            _end(names, _backend(BROADCAST, device))
+        outputs[i][j] = out
+    else:
+        offsets, pos = [], 0
+        for _, _, t in flat:
+            offsets.append(pos)
+            pos = _aligned(pos + t.numel() * t.element_size())
+        dev = flat[0][2].device
+        _begin(names, "MEMCPY_IN_FUSION_BUFFER")
+        buf = torch.empty(pos, dtype=torch.uint8, device=dev)
+        if is_root:
+            for (_, _, t), o in zip(flat, offsets, strict=True):
+                buf[o : o + t.numel() * t.element_size()].copy_(as_bytes(t))
+        _end(names, "MEMCPY_IN_FUSION_BUFFER")
+        if group is not None:
+            _begin(names, _backend(BROADCAST, device))
+            dist.broadcast(buf, src=root, group=group)
+            stats["broadcast_calls"] += 1
+            _end(names, _backend(BROADCAST, device))
+        _begin(names, "MEMCPY_OUT_FUSION_BUFFER")
+        for (i, j, t), o in zip(flat, offsets, strict=True):
+            piece = buf[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+            op = ops[i]
+            if op is not None and op.inplace:
+                if not is_root:
+                    t.copy_(piece)
+                outputs[i][j] = t
+            else:
+                outputs[i][j] = t.clone() if is_root else piece
+        _end(names, "MEMCPY_OUT_FUSION_BUFFER")
+    for op, outs in zip(ops, outputs, strict=True):
+        if op is not None:
+            op.outputs = outs
+
+
+def _alltoall(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
+    (entry,) = bucket.entries
+    (op,) = ops
+    assert op is not None  # the coordinator refuses alltoall with joined ranks
+    names = [entry.name]
+    group = info.group(device)
+    me = info.ranks[info.index]
+    outs: list[Any] = []
+    for j, t in enumerate(op.tensors):
+        send_splits = list(entry.requests[me].splits[j])  # type: ignore[index]
+        recv_splits = [entry.requests[r].splits[j][info.index] for r in info.ranks]  # type: ignore[index]
+        rb = _row_bytes(tuple(t.shape), str(t.dtype).removeprefix("torch."))
+        sent = t.narrow(0, 0, sum(send_splits)) if t.dim() else t
+        src = sent.reshape(-1).view(torch.uint8).view(sum(send_splits), rb) if rb else None
+        out_bytes = torch.empty((sum(recv_splits), rb), dtype=torch.uint8, device=t.device)
+        if group is not None and src is not None:
+            _begin(names, _backend(ALLTOALL, device))
+            dist.all_to_all_single(out_bytes, src, recv_splits, send_splits, group=group)
+            stats["alltoall_calls"] += 1
+            _end(names, _backend(ALLTOALL, device))
+        elif src is not None:
+            out_bytes.copy_(src)
+        output = out_bytes.view(t.dtype).reshape((sum(recv_splits), *t.shape[1:]))
+        outs.append((output, torch.tensor(recv_splits, dtype=torch.int32)))
+    op.outputs = outs
+
+
+def _reducescatter(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
+    (entry,) = bucket.entries
+    ref = entry.ref
+    group = info.group(device)
+    names = [entry.name]
+    (op,) = ops
+    inputs = op.tensors if op is not None else _zeros_like_request(ref, device)
+    n = info.size
+    post = ref.postscale / n if ref.op == Average else ref.postscale
+    outs: list[Any] = []
+    for t in inputs:
+        dtype = t.dtype
+        wide = reduce_dtype(dtype, device)
+        dim0 = t.shape[0]
+        base, extra = divmod(dim0, n)
+        counts = [base + (1 if r < extra else 0) for r in range(n)]
+        starts = [sum(counts[:r]) for r in range(n)]
+        me = info.index
+        work = t.to(wide) if wide != dtype else t.clone()
+        scale_(work, ref.prescale)
+        if group is not None:
+            chunk = base + (1 if extra else 0)
+            if extra:
+                padded = torch.zeros((chunk * n, *t.shape[1:]), dtype=wide, device=t.device)
+                for r in range(n):
+                    padded[r * chunk : r * chunk + counts[r]].copy_(
+                        work[starts[r] : starts[r] + counts[r]]
+                    )
+                work = padded
+            out = torch.empty((chunk, *t.shape[1:]), dtype=wide, device=t.device)
+            _begin(names, _backend(REDUCESCATTER, device))
+            dist.reduce_scatter_tensor(out, work, op=_REDUCE_OPS[ref.op], group=group)
+            stats["reducescatter_calls"] += 1
+            _end(names, _backend(REDUCESCATTER, device))
+            out = out[: counts[me]]
+        else:
+            out = work
+        scale_(out, post)
+        if wide != dtype:
+            result = torch.empty(out.shape, dtype=dtype, device=t.device)
+            cast_back_(result, out)
+            out = result
+        outs.append(out)
+    if op is not None:
+        op.outputs = outs

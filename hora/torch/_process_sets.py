@@ -1,0 +1,131 @@
+"""Process sets: collectives over a subset of ranks, each with its own backend groups."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from hora.torch import _state
+from hora.torch._execute import GroupInfo
+
+
+class ProcessSet:
+    """A sorted set of global ranks; `process_set_id` is None until registered."""
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        self.ranks: list[int] = sorted({int(r) for r in ranks})
+        self.process_set_id: int | None = None
+
+    def _registered(self) -> bool:
+        state = _state.current
+        return (
+            state is not None
+            and self.process_set_id is not None
+            and state.process_sets.get(self.process_set_id) is self
+        )
+
+    def size(self) -> int | None:
+        """Number of ranks, None while not registered."""
+        return len(self.ranks) if self._registered() else None
+
+    def rank(self) -> int | None:
+        """This process's rank within the set (-1 when not included), None while not registered."""
+        if not self._registered():
+            return None
+        me = _state.get().rank
+        return self.ranks.index(me) if me in self.ranks else -1
+
+    def included(self) -> bool | None:
+        """Whether this process belongs to the set, None while not registered."""
+        if not self._registered():
+            return None
+        return _state.get().rank in self.ranks
+
+    def __repr__(self) -> str:
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+
+global_process_set = ProcessSet([])
+global_process_set.process_set_id = 0
+
+
+def make_groups(ranks: Sequence[int], rank: int, timeout: timedelta) -> GroupInfo:
+    """Create the backend groups of a set; every rank of the world calls this, in the same order."""
+    ranks = tuple(ranks)
+    gloo = nccl = None
+    if len(ranks) > 1:
+        gloo = dist.new_group(list(ranks), backend="gloo", timeout=timeout)
+        if torch.cuda.is_available() and dist.is_nccl_available():
+            nccl = dist.new_group(list(ranks), backend="nccl", timeout=timeout)
+    member = rank in ranks
+    return GroupInfo(
+        ranks=ranks,
+        index=ranks.index(rank) if member else -1,
+        gloo=gloo if member else None,
+        nccl=nccl if member else None,
+    )
+
+
+def destroy_groups(info: GroupInfo) -> None:
+    for group in (info.gloo, info.nccl):
+        if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group(group)
+
+
+def register(process_set: ProcessSet, timeout: timedelta) -> ProcessSet:
+    """Give `process_set` an id and groups (all ranks call it with the same sets, in order)."""
+    state = _state.get()
+    if process_set.process_set_id is not None and process_set.process_set_id in state.process_sets:
+        raise ValueError(f"{process_set} is already registered")
+    for existing in state.process_sets.values():
+        if existing.ranks == process_set.ranks:
+            raise ValueError(f"A process set with ranks {process_set.ranks} already exists")
+    bad = [r for r in process_set.ranks if not 0 <= r < state.size]
+    if bad or not process_set.ranks:
+        raise ValueError(f"Invalid ranks {process_set.ranks} for a world of {state.size}")
+    ps_id = state.next_process_set_id
+    state.next_process_set_id += 1
+    info = make_groups(process_set.ranks, state.rank, timeout)
+    state.groups[ps_id] = info
+    state.engine.control(("P", ps_id, info.ranks))
+    process_set.process_set_id = ps_id
+    state.process_sets[ps_id] = process_set
+    return process_set
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a new process set at run time (dynamic mode); every rank must call it."""
+    from hora.torch import _basics  # late: _basics imports this module
+
+    state = _state.get()
+    if not state.dynamic:
+        raise ValueError(
+            "Dynamic process sets are not enabled: call hvd.init(process_sets='dynamic') "
+            "or set HOROVOD_DYNAMIC_PROCESS_SETS=1"
+        )
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    register(ps, _basics.timeout())
+    _basics.barrier_all()  # every rank's coordinator knows the set before anyone uses it
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (every rank calls it); False if it was not registered."""
+    from hora.torch import _basics
+
+    state = _state.get()
+    ps_id = process_set.process_set_id
+    if ps_id is None or ps_id == 0 or state.process_sets.get(ps_id) is not process_set:
+        return False
+    _basics.barrier_all()  # nobody still has an operation of the set in flight
+    info = state.groups.pop(ps_id)
+    del state.process_sets[ps_id]
+    state.engine.control(("P", ps_id, None))
+    destroy_groups(info)
+    process_set.process_set_id = None
+    return True

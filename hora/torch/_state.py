@@ -1,0 +1,38 @@
+"""The one piece of global state: what `init()` set up, or None before it and after `shutdown()`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hora.torch._common import NOT_INITIALIZED
+
+if TYPE_CHECKING:
+    from hora.torch._engine import Engine
+    from hora.torch._execute import GroupInfo
+
+
+@dataclass
+class State:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    engine: Engine
+    # process set id -> its groups; shared with the engine, which reads it on its thread.
+    groups: dict[int, GroupInfo]
+    dynamic: bool
+    next_process_set_id: int = 1
+    process_sets: dict[int, Any] = field(default_factory=dict)  # id -> ProcessSet
+
+
+current: State | None = None
+
+
+def get() -> State:
+    """The state, or Horovod's ValueError when `init()` has not run."""
+    if current is None:
+        raise ValueError(NOT_INITIALIZED)
+    return current

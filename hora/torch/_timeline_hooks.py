@@ -1,0 +1,42 @@
+"""The seam for the timeline: every phase of every collective is reported to one recorder.
+
+The default recorder is disabled, and the engine checks `recorder.enabled` before building any
+argument, so an engine without a timeline pays one attribute lookup per phase. A timeline writer
+(a later issue) subclasses `Recorder`, sets `enabled = True` and installs itself with
+`set_recorder`.
+
+Phases, as Horovod names them: `NEGOTIATE_<KIND>` (submission until every rank is ready), then
+the operation `<KIND>` which nests `QUEUE`, `MEMCPY_IN_FUSION_BUFFER`, the backend call
+(`GLOO_<KIND>` or `NCCL_<KIND>`) and `MEMCPY_OUT_FUSION_BUFFER`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Recorder:
+    """Receives phase boundaries; this base class ignores them all."""
+
+    enabled: bool = False
+
+    def begin(self, name: str, phase: str, args: dict[str, Any] | None = None) -> None:
+        """`phase` starts for the tensor `name` (on the engine's thread or the caller's)."""
+
+    def end(self, name: str, phase: str, args: dict[str, Any] | None = None) -> None:
+        """`phase` ends for `name`; `args` carries dtype, shape and bytes on the operation's end."""
+
+    def cycle(self) -> None:
+        """A negotiation round starts (Horovod's `CYCLE_START` marker)."""
+
+
+NULL_RECORDER = Recorder()
+recorder: Recorder = NULL_RECORDER
+
+
+def set_recorder(new: Recorder | None) -> Recorder:
+    """Install `new` (None restores the disabled default); returns the previous recorder."""
+    global recorder
+    previous = recorder
+    recorder = new if new is not None else NULL_RECORDER
+    return previous

@@ -1,0 +1,611 @@
+"""Conformance cases of the collective engine, run inside real ranks.
+
+`run_all()` runs every case on the rank it is called on and returns {case: "ok" | error text};
+one hora job per world size runs them all, and the tests assert per case. Each case computes the
+expected values from the rank and the world size on its own, so nothing is hard-coded for a
+particular size.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+
+import torch
+
+import hora.torch as hvd
+from hora.torch import _execute
+
+CASES: dict[str, Callable[[int, int], None]] = {}
+
+
+def case(fn: Callable[[int, int], None]) -> Callable[[int, int], None]:
+    CASES[fn.__name__] = fn
+    return fn
+
+
+def expect_raises(exc: type[BaseException], fn: Callable[[], object], match: str = "") -> str:
+    try:
+        fn()
+    except exc as e:
+        assert match in str(e), f"{type(e).__name__}({e}) lacks {match!r}"
+        return str(e)
+    raise AssertionError(f"{exc.__name__} not raised")
+
+
+def close(a: torch.Tensor, b: torch.Tensor) -> None:
+    assert a.dtype == b.dtype, (a.dtype, b.dtype)
+    assert a.shape == b.shape, (a.shape, b.shape)
+    assert torch.allclose(a.double(), b.double(), rtol=1e-3, atol=1e-3), (a, b)
+
+
+# ----- basics ------------------------------------------------------------------------------------
+@case
+def basics(r: int, n: int) -> None:
+    assert hvd.is_initialized()
+    assert (hvd.rank(), hvd.size()) == (r, n)
+    assert (hvd.local_rank(), hvd.local_size()) == (r, n)  # one host
+    assert (hvd.cross_rank(), hvd.cross_size()) == (0, 1)
+    hvd.init()  # idempotent
+    assert hvd.size() == n
+    assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
+    assert issubclass(hvd.HorovodInternalError, RuntimeError)
+    assert hvd.gloo_built() and hvd.gloo_enabled()
+    assert not hvd.mpi_built() and not hvd.mpi_enabled()
+    assert isinstance(hvd.nccl_built(), int)
+    assert hvd.ddl_built() is False and hvd.ccl_built() is False
+    assert isinstance(hvd.cuda_built(), bool) and isinstance(hvd.rocm_built(), bool)
+    expect_raises(ValueError, hvd.mpi_threads_supported)
+    assert hvd.global_process_set.process_set_id == 0
+    assert hvd.global_process_set.ranks == list(range(n))
+    assert hvd.global_process_set.size() == n and hvd.global_process_set.rank() == r
+
+
+# ----- allreduce ---------------------------------------------------------------------------------
+@case
+def allreduce_ops(r: int, n: int) -> None:
+    x = torch.tensor([r + 1.0, -(r + 1.0), 2.0])
+    ranks = torch.arange(1, n + 1, dtype=torch.float32)
+    close(hvd.allreduce(x), torch.tensor([ranks.mean(), -ranks.mean(), 2.0]))
+    close(hvd.allreduce(x, op=hvd.Sum), torch.tensor([ranks.sum(), -ranks.sum(), 2.0 * n]))
+    close(hvd.allreduce(x, op=hvd.Min), torch.tensor([1.0, -float(n), 2.0]))
+    close(hvd.allreduce(x, op=hvd.Max), torch.tensor([float(n), -1.0, 2.0]))
+    close(
+        hvd.allreduce(x, op=hvd.Product),
+        torch.tensor([ranks.prod(), (-ranks).prod(), 2.0**n]),
+    )
+    assert torch.equal(x, torch.tensor([r + 1.0, -(r + 1.0), 2.0])), "out of place changed input"
+
+
+@case
+def allreduce_scaling(r: int, n: int) -> None:
+    x = torch.full((4,), float(r + 1))
+    total = n * (n + 1) / 2
+    got = hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.5)
+    close(got, torch.full((4,), total))
+    got = hvd.allreduce(x, op=hvd.Average, prescale_factor=3.0)
+    close(got, torch.full((4,), 3.0 * total / n))
+    # Integers: scaled in float64 and truncated back.
+    xi = torch.full((3,), r + 1, dtype=torch.int32)
+    close(hvd.allreduce(xi), torch.full((3,), int(total / n), dtype=torch.int32))
+    got = hvd.allreduce(xi, op=hvd.Sum, prescale_factor=0.5)
+    expected = sum(int((k + 1) * 0.5) for k in range(n))
+    close(got, torch.full((3,), expected, dtype=torch.int32))
+
+
+@case
+def allreduce_average_flag(r: int, n: int) -> None:
+    x = torch.ones(2) * (r + 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = hvd.allreduce(x, average=False)
+    assert any("average" in str(w.message) for w in caught), "no deprecation warning"
+    close(got, torch.full((2,), n * (n + 1) / 2))
+    expect_raises(ValueError, lambda: hvd.allreduce(x, average=True, op=hvd.Sum))
+    expect_raises(NotImplementedError, lambda: hvd.allreduce(x, op=hvd.Adasum), "Adasum")
+
+
+@case
+def allreduce_inplace_and_async(r: int, n: int) -> None:
+    x = torch.full((5,), float(r))
+    same = hvd.allreduce_(x, op=hvd.Sum)
+    assert same is x
+    close(x, torch.full((5,), float(sum(range(n)))))
+    y = torch.full((3,), float(r))
+    h = hvd.allreduce_async(y, name="async.out", op=hvd.Max)
+    out = hvd.synchronize(h)
+    close(out, torch.full((3,), float(n - 1)))
+    assert torch.equal(y, torch.full((3,), float(r)))
+    z = torch.full((3,), 1.0)
+    h = hvd.allreduce_async_(z, name="async.in", op=hvd.Sum)
+    assert hvd.synchronize(h) is z
+    close(z, torch.full((3,), float(n)))
+    expect_raises(ValueError, lambda: hvd.synchronize(h))  # a handle is cleared once used
+
+
+@case
+def grouped_allreduce(r: int, n: int) -> None:
+    ts = [torch.full((k + 1,), float(r + k)) for k in range(4)] + [
+        torch.full((2,), r, dtype=torch.int64)
+    ]
+    outs = hvd.grouped_allreduce(ts, op=hvd.Sum)
+    for k in range(4):
+        close(outs[k], torch.full((k + 1,), float(sum(range(n)) + n * k)))
+    close(outs[4], torch.full((2,), sum(range(n)), dtype=torch.int64))
+    same = hvd.grouped_allreduce_(ts[:2], op=hvd.Sum)
+    assert same[0] is ts[0] and same[1] is ts[1]
+    h = hvd.grouped_allreduce_async([torch.ones(2), torch.ones(3)], op=hvd.Sum)
+    a, b = hvd.synchronize(h)
+    close(a, torch.full((2,), float(n)))
+    close(b, torch.full((3,), float(n)))
+    h = hvd.grouped_allreduce_async_([torch.ones(2)], op=hvd.Sum)
+    close(hvd.synchronize(h)[0], torch.full((2,), float(n)))
+
+
+@case
+def errors_local(r: int, n: int) -> None:
+    nc = torch.ones(4, 4).t()
+    expect_raises(ValueError, lambda: hvd.allreduce(nc), "contiguous")
+    # A name still in flight cannot be reused: rank k's "dup.k" stays pending until the others
+    # submit it, which they only do after a barrier that rank k enters after its check.
+    for k in range(n):
+        if r == k:
+            h = hvd.allreduce_async(torch.ones(1), name=f"dup.{k}")
+            expect_raises(
+                ValueError, lambda k=k: hvd.allreduce_async(torch.ones(1), name=f"dup.{k}")
+            )
+            hvd.barrier()
+        else:
+            hvd.barrier()
+            h = hvd.allreduce_async(torch.ones(1), name=f"dup.{k}")
+        hvd.synchronize(h)
+    expect_raises(
+        ValueError, lambda: hvd.grouped_allreduce([torch.ones(1), torch.ones(1, device="meta")])
+    )
+    expect_raises(ValueError, lambda: hvd.reducescatter(torch.tensor(1.0)))
+    expect_raises(ValueError, lambda: hvd.reducescatter(torch.ones(4), op=hvd.Max))
+    expect_raises(ValueError, lambda: hvd.allgather(torch.tensor(1.0)))
+    expect_raises(ValueError, lambda: hvd.alltoall(torch.ones(n + 1) if n > 1 else torch.ones(0)))
+    expect_raises(
+        ValueError, lambda: hvd.alltoall(torch.ones(4), splits=torch.ones(n, dtype=torch.int64))
+    )
+    expect_raises(
+        ValueError,
+        lambda: hvd.alltoall(torch.ones(4), splits=torch.full((n,), -1, dtype=torch.int32)),
+    )
+    expect_raises(
+        ValueError,
+        lambda: hvd.alltoall(torch.ones(2), splits=torch.full((n,), 2, dtype=torch.int32)),
+    )
+    expect_raises(ValueError, lambda: hvd.broadcast(torch.ones(1), root_rank=n))
+    expect_raises(ValueError, lambda: hvd.synchronize(123456789))
+
+
+# ----- dtypes ------------------------------------------------------------------------------------
+DTYPES = [
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+]
+
+
+@case
+def dtypes(r: int, n: int) -> None:
+    for dt in DTYPES:
+        ones = torch.ones(3, dtype=dt)
+        got = hvd.allreduce(ones, op=hvd.Sum, name=f"dt.sum.{dt}")
+        want = torch.ones(3, dtype=dt) if dt == torch.bool else torch.full((3,), n, dtype=dt)
+        assert got.dtype == dt and torch.equal(got, want), (dt, got)
+        if dt != torch.bool:
+            got = hvd.allreduce(torch.full((2,), r + 1, dtype=dt), op=hvd.Max)
+            assert torch.equal(got, torch.full((2,), n, dtype=dt)), (dt, got)
+        mine = torch.full((r + 1, 2), r % 2, dtype=dt)
+        gathered = hvd.allgather(mine, name=f"dt.ag.{dt}")
+        want = torch.cat([torch.full((k + 1, 2), k % 2, dtype=dt) for k in range(n)])
+        assert torch.equal(gathered, want), (dt, gathered)
+        src = torch.full((4,), (r + 1) % 2, dtype=dt)
+        assert torch.equal(hvd.broadcast(src, 0), torch.full((4,), 1, dtype=dt)), dt
+        a2a = hvd.alltoall(torch.full((n, 2), r % 2, dtype=dt))
+        want = torch.tensor([[k % 2] * 2 for k in range(n)], dtype=dt)
+        assert torch.equal(a2a, want), (dt, a2a)
+    # int16 overflow wraps as int16 arithmetic would.
+    big = torch.full((1,), 30000, dtype=torch.int16)
+    got = hvd.allreduce(big, op=hvd.Sum)
+    assert torch.equal(got, (torch.full((1,), 30000, dtype=torch.int32) * n).to(torch.int16))
+    # Half precision is reduced in float32: 2048 + 1 + ... stays exact where fp16 sums would not.
+    h = torch.tensor([2048.0 if r == 0 else 1.0], dtype=torch.float16)
+    got = hvd.allreduce(h, op=hvd.Sum)
+    assert got.item() == float(torch.tensor(2048.0 + (n - 1), dtype=torch.float16)), got
+
+
+# ----- allgather / broadcast / alltoall / reducescatter -----------------------------------------
+@case
+def allgather_uneven(r: int, n: int) -> None:
+    mine = torch.arange((r + 1) * 3, dtype=torch.float32).reshape(r + 1, 3) + 100 * r
+    got = hvd.allgather(mine)
+    want = torch.cat([torch.arange((k + 1) * 3.0).reshape(k + 1, 3) + 100 * k for k in range(n)])
+    close(got, want)
+    empty = hvd.allgather(torch.ones((0 if r == 0 else 1), 2))
+    assert empty.shape == (n - 1, 2)
+    h = hvd.allgather_async(torch.full((1,), r))
+    assert torch.equal(hvd.synchronize(h), torch.arange(n))
+
+
+@case
+def grouped_allgather(r: int, n: int) -> None:
+    a = torch.full((r + 1,), r, dtype=torch.int64)
+    b = torch.full((1, 2), float(r), dtype=torch.float64)
+    ga, gb = hvd.grouped_allgather([a, b])
+    assert torch.equal(ga, torch.cat([torch.full((k + 1,), k) for k in range(n)]))
+    close(gb, torch.cat([torch.full((1, 2), float(k), dtype=torch.float64) for k in range(n)]))
+    h = hvd.grouped_allgather_async([a])
+    assert torch.equal(hvd.synchronize(h)[0], ga)
+
+
+@case
+def broadcast_forms(r: int, n: int) -> None:
+    root = n - 1
+    src = torch.full((3, 2), float(r))
+    out = hvd.broadcast(src, root)
+    close(out, torch.full((3, 2), float(root)))
+    assert torch.equal(src, torch.full((3, 2), float(r))), "broadcast changed its source"
+    same = hvd.broadcast_(src, root)
+    assert same is src
+    close(src, torch.full((3, 2), float(root)))
+    t = torch.full((2,), float(r))
+    h = hvd.broadcast_async_(t, 0)
+    assert hvd.synchronize(h) is t and torch.equal(t, torch.zeros(2))
+    h = hvd.broadcast_async(torch.full((2,), float(r)), 0, name="bcast.async")
+    close(hvd.synchronize(h), torch.zeros(2))
+
+
+@case
+def alltoall_forms(r: int, n: int) -> None:
+    x = torch.arange(2 * n, dtype=torch.float32) + 100 * r
+    got = hvd.alltoall(x)
+    want = torch.cat(
+        [torch.arange(2 * r, 2 * r + 2, dtype=torch.float32) + 100 * k for k in range(n)]
+    )
+    close(got, want)
+    # rank r sends k+1 rows to rank k (row values tell the sender), plus one unsent row.
+    splits = torch.tensor([k + 1 for k in range(n)], dtype=torch.int32)
+    rows = int(splits.sum()) + 1
+    x = torch.full((rows, 2), float(r))
+    out, received = hvd.alltoall(x, splits=splits)
+    assert received.dtype == torch.int32 and received.tolist() == [r + 1] * n
+    close(out, torch.cat([torch.full((r + 1, 2), float(k)) for k in range(n)]))
+    h = hvd.alltoall_async(x, splits=splits)
+    out2, received2 = hvd.synchronize(h)
+    close(out2, out)
+    assert received2.tolist() == received.tolist()
+
+
+@case
+def reducescatter_forms(r: int, n: int) -> None:
+    x = torch.arange(2 * n * 3, dtype=torch.float32).reshape(2 * n, 3) * (r + 1)
+    factor = n * (n + 1) / 2
+    got = hvd.reducescatter(x, op=hvd.Sum)
+    close(got, torch.arange(2 * n * 3.0).reshape(2 * n, 3)[2 * r : 2 * r + 2] * factor)
+    got = hvd.reducescatter(x)
+    close(got, torch.arange(2 * n * 3.0).reshape(2 * n, 3)[2 * r : 2 * r + 2] * factor / n)
+    # Uneven: ranks < dim0 % size get one extra row.
+    rows = 2 * n + 1
+    y = torch.arange(rows, dtype=torch.float32) + r
+    counts = [rows // n + (1 if k < rows % n else 0) for k in range(n)]
+    start = sum(counts[:r])
+    got = hvd.reducescatter(y, op=hvd.Sum)
+    close(
+        got,
+        (torch.arange(rows, dtype=torch.float32) * n + sum(range(n)))[start : start + counts[r]],
+    )
+    ga, gb = hvd.grouped_reducescatter([x, torch.ones(n, dtype=torch.int32)], op=hvd.Sum)
+    close(ga, torch.arange(2 * n * 3.0).reshape(2 * n, 3)[2 * r : 2 * r + 2] * factor)
+    assert torch.equal(gb, torch.full((1,), n, dtype=torch.int32))
+    h = hvd.reducescatter_async(torch.ones(n, 2), op=hvd.Sum)
+    close(hvd.synchronize(h), torch.full((1, 2), float(n)))
+
+
+# ----- negotiation ------------------------------------------------------------------------------
+@case
+def submission_order(r: int, n: int) -> None:
+    names = [f"order.{k}" for k in range(6)]
+    order = names if r % 2 == 0 else names[::-1]
+    handles = {
+        nm: hvd.allreduce_async(torch.full((k + 1,), float(r + k)), name=nm, op=hvd.Sum)
+        for k, nm in sorted(enumerate(names), key=lambda kv: order.index(kv[1]))
+    }
+    for k, nm in enumerate(names):
+        close(hvd.synchronize(handles[nm]), torch.full((k + 1,), float(sum(range(n)) + n * k)))
+    # Mixed kinds, opposite orders.
+    if r % 2 == 0:
+        hg = hvd.allgather_async(torch.full((1,), r), name="mix.g")
+        hb = hvd.broadcast_async(torch.full((1,), float(r)), 0, name="mix.b")
+    else:
+        hb = hvd.broadcast_async(torch.full((1,), float(r)), 0, name="mix.b")
+        hg = hvd.allgather_async(torch.full((1,), r), name="mix.g")
+    assert torch.equal(hvd.synchronize(hg), torch.arange(n))
+    close(hvd.synchronize(hb), torch.zeros(1))
+
+
+@case
+def poll_is_async(r: int, n: int) -> None:
+    # Rank 0 submits "late" and polls before the others can have submitted it: they only do so
+    # after a barrier that rank 0 enters after polling.
+    if r == 0:
+        h = hvd.allreduce_async(torch.ones(2), name="late", op=hvd.Sum)
+        polls = [hvd.poll(h) for _ in range(3)]
+        time.sleep(0.05)
+        polls.append(hvd.poll(h))
+        hvd.barrier()
+        assert polls == [False] * 4, polls
+    else:
+        hvd.barrier()
+        h = hvd.allreduce_async(torch.ones(2), name="late", op=hvd.Sum)
+    out = hvd.synchronize(h)
+    close(out, torch.full((2,), float(n)))
+
+
+@case
+def fusion(r: int, n: int) -> None:
+    before = _execute.stats["allreduce_calls"]
+    outs = hvd.grouped_allreduce([torch.full((64,), float(r)) for _ in range(10)], op=hvd.Sum)
+    assert _execute.stats["allreduce_calls"] - before == 1, "grouped allreduce was not fused"
+    for o in outs:
+        close(o, torch.full((64,), float(sum(range(n)))))
+    hvd.barrier()
+    before = _execute.stats["allreduce_calls"]
+    fused_before = _execute.stats["fused_entries"]
+    handles = [
+        hvd.allreduce_async(torch.full((1024,), float(r + k)), op=hvd.Sum) for k in range(64)
+    ]
+    for k, h in enumerate(handles):
+        close(hvd.synchronize(h), torch.full((1024,), float(sum(range(n)) + n * k)))
+    calls = _execute.stats["allreduce_calls"] - before
+    assert calls <= 32, f"64 small allreduces took {calls} backend calls"
+    assert _execute.stats["fused_entries"] - fused_before >= 32
+
+
+@case
+def mismatches(r: int, n: int) -> None:
+    odd = r == n - 1
+    msgs = [
+        expect_raises(
+            hvd.HorovodInternalError,
+            lambda: hvd.allreduce(torch.ones(2 + odd), name="mm.shape"),
+            "shape",
+        ),
+        expect_raises(
+            hvd.HorovodInternalError,
+            lambda: hvd.allreduce(
+                torch.ones(2, dtype=torch.float64 if odd else torch.float32), name="mm.dtype"
+            ),
+            "type",
+        ),
+        expect_raises(
+            hvd.HorovodInternalError,
+            lambda: hvd.allreduce(torch.ones(2), op=hvd.Max if odd else hvd.Sum, name="mm.op"),
+            "op",
+        ),
+        expect_raises(
+            hvd.HorovodInternalError,
+            lambda: hvd.allreduce(
+                torch.ones(2), prescale_factor=2.0 if odd else 1.0, name="mm.scale"
+            ),
+            "scale",
+        ),
+        expect_raises(
+            hvd.HorovodInternalError,
+            lambda: hvd.broadcast(torch.ones(2), 1 if odd else 0, name="mm.root"),
+            "root",
+        ),
+        expect_raises(
+            hvd.HorovodInternalError,
+            lambda: hvd.allgather(torch.ones(1, 2 + odd), name="mm.ag"),
+            "shape",
+        ),
+        expect_raises(
+            hvd.HorovodInternalError,
+            lambda: hvd.grouped_allreduce([torch.ones(1)] * (2 + odd), name="mm.group"),
+            "number of tensors",
+        ),
+    ]
+    assert all(f"rank {n - 1}" in m for m in msgs), msgs
+    close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)))  # still healthy
+
+
+@case
+def barrier_and_join(r: int, n: int) -> None:
+    hvd.barrier()
+    # Rank 0 joins at once; the others reduce twice more, rank 0 contributing zeros.
+    if r == 0:
+        last = hvd.join()
+    else:
+        a = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="join.a")
+        g = hvd.allgather(torch.full((1,), r), name="join.g")
+        close(a, torch.full((3,), float(n - 1)))
+        assert torch.equal(g, torch.arange(1, n)), g
+        if r == n - 1:
+            time.sleep(0.05)  # let the other ranks join first
+        last = hvd.join()
+    assert last == (n - 1 if n > 1 else 0), last
+
+
+@case
+def process_sets(r: int, n: int) -> None:
+    members = [0, n - 1] if n > 2 else [n - 1]  # a proper subset: a pair, or a single rank
+    ps = hvd.add_process_set(members[::-1])
+    assert ps.process_set_id is not None and ps.ranks == members
+    expect_raises(ValueError, lambda: hvd.add_process_set(members), "exists")
+    expect_raises(ValueError, lambda: hvd.add_process_set(list(range(n))), "exists")
+    if r in ps.ranks:
+        assert ps.included() and ps.rank() == ps.ranks.index(r) and ps.size() == len(ps.ranks)
+        got = hvd.allreduce(torch.full((2,), float(r)), op=hvd.Sum, process_set=ps)
+        close(got, torch.full((2,), float(sum(ps.ranks))))
+        got = hvd.broadcast(torch.full((1,), float(r)), root_rank=n - 1, process_set=ps)
+        close(got, torch.full((1,), float(n - 1)))
+        got = hvd.allgather(torch.full((1,), r), process_set=ps)
+        assert got.tolist() == ps.ranks
+    else:
+        assert ps.included() is False and ps.rank() == -1
+        expect_raises(ValueError, lambda: hvd.allreduce(torch.ones(1), process_set=ps), "member")
+    close(hvd.allreduce(torch.ones(1), op=hvd.Sum), torch.full((1,), float(n)))
+    assert hvd.remove_process_set(ps) is True
+    assert ps.process_set_id is None and ps.size() is None
+    assert hvd.remove_process_set(ps) is False
+    assert hvd.remove_process_set(hvd.global_process_set) is False
+
+
+@case
+def autograd(r: int, n: int) -> None:
+    x = torch.full((3,), float(r + 1), requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum).sum().backward()
+    close(x.grad, torch.full((3,), float(n)))
+    x = torch.full((3,), float(r + 1), requires_grad=True)
+    (hvd.allreduce(x) * 2).sum().backward()
+    close(x.grad, torch.full((3,), 2.0))
+    x = torch.full((3,), 1.0, requires_grad=True)
+    hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0).sum().backward()
+    close(x.grad, torch.full((3,), 2.0 * n))  # allreduce of the gradient, same scale
+    # grouped allreduce
+    a = torch.ones(2, requires_grad=True)
+    b = torch.ones(3, requires_grad=True)
+    oa, ob = hvd.grouped_allreduce([a, b], op=hvd.Sum)
+    (oa.sum() + 2 * ob.sum()).backward()
+    close(a.grad, torch.full((2,), float(n)))
+    close(b.grad, torch.full((3,), 2.0 * n))
+    # allgather: the gradient of my rows of sum(w * y), w equal on every rank
+    x = torch.ones(r + 1, 2, requires_grad=True)
+    y = hvd.allgather(x)
+    w = torch.arange(y.numel(), dtype=torch.float32).reshape(y.shape)
+    (y * w).sum().backward()
+    start = sum(k + 1 for k in range(r))
+    close(x.grad, w[start : start + r + 1])
+    # broadcast: the root gets the (averaged) gradient, the others zero
+    x = torch.ones(2, requires_grad=True)
+    hvd.broadcast(x, 0).sum().backward()
+    close(x.grad, torch.ones(2) if r == 0 else torch.zeros(2))
+    # alltoall: gradient flows back to the rows that were sent
+    x = torch.ones(n + 1, requires_grad=True)
+    splits = torch.ones(n, dtype=torch.int32)
+    out, _ = hvd.alltoall(x, splits=splits)
+    (out * (r + 1)).sum().backward()
+    close(x.grad, torch.cat([torch.arange(1.0, n + 1), torch.zeros(1)]))
+    # reducescatter: an allgather of the gradient (times size for Sum)
+    x = torch.ones(2 * n, requires_grad=True)
+    hvd.reducescatter(x, op=hvd.Sum).sum().backward()
+    close(x.grad, torch.full((2 * n,), float(n)))
+    x = torch.ones(2 * n, requires_grad=True)
+    hvd.reducescatter(x).sum().backward()
+    close(x.grad, torch.ones(2 * n))
+
+
+@case
+def shutdown_and_reinit(r: int, n: int) -> None:
+    hvd.shutdown()
+    assert not hvd.is_initialized()
+    for fn in (hvd.size, hvd.rank, hvd.local_size, hvd.local_rank, hvd.cross_size, hvd.cross_rank):
+        expect_raises(ValueError, fn, "Horovod has not been initialized; use hvd.init().")
+    hvd.init(process_sets="dynamic")
+    close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)))
+
+
+def run_all() -> dict[str, str]:
+    """Run every case on this rank; never raise, so that every outcome comes back."""
+    hvd.init(process_sets="dynamic")
+    r, n = hvd.rank(), hvd.size()
+    outcomes: dict[str, str] = {}
+    for name, fn in CASES.items():
+        if os.environ.get("HORA_CASES_VERBOSE"):
+            print("case", name, flush=True)
+        try:
+            fn(r, n)
+            outcomes[name] = "ok"
+        except Exception:
+            outcomes[name] = traceback.format_exc(limit=6)
+        hvd.init(process_sets="dynamic")  # a case that shut down must not break the next one
+    hvd.shutdown()
+    return outcomes
+
+
+# ----- failure jobs ------------------------------------------------------------------------------
+def peer_shutdown() -> str:
+    """Rank 0 waits for an operation the others never submit; they shut down instead."""
+    hvd.init()
+    if hvd.rank() == 0:
+        h = hvd.allreduce_async(torch.ones(1), name="never")
+        start = time.monotonic()
+        try:
+            hvd.synchronize(h)
+            return "no error"
+        except hvd.HorovodInternalError as e:
+            return f"raised after {time.monotonic() - start:.1f}s: {e}"
+    time.sleep(0.2)
+    hvd.shutdown()
+    return "shut down"
+
+
+def peer_dies(path: str) -> str:
+    """The last rank dies in the middle; the others must raise, and write what they saw."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    hvd.allreduce(torch.ones(1))
+    if r == n - 1:
+        time.sleep(0.2)
+        os._exit(3)
+    start = time.monotonic()
+    try:
+        hvd.allreduce(torch.ones(1), name="orphan")
+        outcome = "no error"
+    except hvd.HorovodInternalError as e:
+        outcome = f"HorovodInternalError after {time.monotonic() - start:.1f}s: {e}"
+    with open(f"{path}.{r}.tmp", "w") as f:
+        f.write(outcome)
+    os.replace(f"{path}.{r}.tmp", f"{path}.{r}")
+    time.sleep(30)  # the launcher kills us once it has seen the death
+    return outcome
+
+
+def fusion_threshold() -> dict[str, int]:
+    """Under HOROVOD_FUSION_THRESHOLD=4096, 4 KB tensors are never fused together."""
+    hvd.init()
+    before = _execute.stats["allreduce_calls"]
+    handles = [hvd.allreduce_async(torch.ones(1024), op=hvd.Sum) for _ in range(16)]
+    for h in handles:
+        hvd.synchronize(h)
+    calls = _execute.stats["allreduce_calls"] - before
+    before_small = _execute.stats["allreduce_calls"]
+    handles = [hvd.allreduce_async(torch.ones(256), op=hvd.Sum) for _ in range(16)]
+    for h in handles:
+        hvd.synchronize(h)
+    small = _execute.stats["allreduce_calls"] - before_small
+    hvd.shutdown()
+    return {"calls": calls, "small_calls": small}
+
+
+def world_of_one() -> dict[str, object]:
+    """No launcher environment at all: init() is a world of one and every collective works."""
+    hvd.init()
+    x = torch.arange(4.0)
+    out = {
+        "size": hvd.size(),
+        "rank": hvd.rank(),
+        "allreduce": hvd.allreduce(x).tolist(),
+        "allgather": hvd.allgather(x).tolist(),
+        "broadcast": hvd.broadcast(x, 0).tolist(),
+        "alltoall": hvd.alltoall(x).tolist(),
+        "reducescatter": hvd.reducescatter(x, op=hvd.Sum).tolist(),
+        "join": hvd.join(),
+    }
+    hvd.barrier()
+    hvd.shutdown()
+    return out

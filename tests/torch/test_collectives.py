@@ -1,0 +1,106 @@
+"""Conformance of hora.torch's collective engine on real ranks (2 and 3), launched by hora.run.
+
+One job per world size runs every case of `_cases` inside the ranks; each test below asserts one
+case on every rank. Failure modes that end a job (a peer that shuts down or dies) have jobs of
+their own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import hora
+from hora.errors import WorkerFailedError
+from tests.torch import _cases
+
+SIZES = (2, 3)
+
+
+@pytest.fixture(scope="module")
+def outcomes() -> dict[int, list[dict[str, str]]]:
+    return {np: hora.run(_cases.run_all, np=np) for np in SIZES}
+
+
+@pytest.mark.parametrize("np", SIZES)
+@pytest.mark.parametrize("case", list(_cases.CASES))
+def test_case(outcomes: dict[int, list[dict[str, str]]], case: str, np: int) -> None:
+    per_rank = outcomes[np]
+    assert len(per_rank) == np
+    failures = {r: o[case] for r, o in enumerate(per_rank) if o.get(case) != "ok"}
+    assert not failures, "\n".join(f"rank {r}: {text}" for r, text in failures.items())
+
+
+@pytest.mark.parametrize("np", SIZES)
+def test_peer_shutdown_fails_pending_ops(np: int) -> None:
+    results = hora.run(_cases.peer_shutdown, np=np)
+    assert results[1:] == ["shut down"] * (np - 1)
+    assert results[0].startswith("raised after"), results[0]
+    assert "shut down" in results[0]
+    assert float(results[0].split()[2].rstrip("s:")) < 10
+
+
+@pytest.mark.parametrize("np", SIZES)
+def test_dead_peer_raises_on_the_others(np: int, tmp_path) -> None:
+    path = str(tmp_path / "outcome")
+    with pytest.raises(WorkerFailedError):
+        hora.run(_cases.peer_dies, args=(path,), np=np)
+    for r in range(np - 1):
+        with open(f"{path}.{r}") as f:
+            text = f.read()
+        assert text.startswith("HorovodInternalError after"), text
+        assert float(text.split()[2].rstrip("s:")) < 10
+
+
+def test_fusion_threshold_is_honoured() -> None:
+    (a, b) = hora.run(_cases.fusion_threshold, np=2, env={"HOROVOD_FUSION_THRESHOLD": "4096"})
+    assert a == b
+    assert a["calls"] == 16, a  # 4 KB each: two never fit under 4096 bytes
+    assert a["small_calls"] < 16, a  # 1 KB each: up to four share a buffer
+
+
+def test_world_of_one_without_launcher() -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HOROVOD_", "TORCHELASTIC_"))
+        and k
+        not in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "GROUP_RANK",
+        )
+    }
+    code = "import json; from tests.torch import _cases; print(json.dumps(_cases.world_of_one()))"
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
+    assert out.returncode == 0, out.stderr
+    import json
+
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {
+        "size": 1,
+        "rank": 0,
+        "allreduce": [0.0, 1.0, 2.0, 3.0],
+        "allgather": [0.0, 1.0, 2.0, 3.0],
+        "broadcast": [0.0, 1.0, 2.0, 3.0],
+        "alltoall": [0.0, 1.0, 2.0, 3.0],
+        "reducescatter": [0.0, 1.0, 2.0, 3.0],
+        "join": 0,
+    }
+    assert time.monotonic() - start < 60
