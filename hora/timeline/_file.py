@@ -16,6 +16,11 @@ from collections.abc import Iterable
 
 HEADER_NAME = "hora_timeline"
 _HEAD_BYTES = 512
+# A write is cut short by SIGKILL only between pages (the kernel checks for a fatal signal before
+# copying each page). Appends are therefore split into writes that stay within a page, or cross
+# one boundary with a single byte before it: a kill can tear a write only in that sub-microsecond
+# window. (No sequence of writes can grow a JSON array across a page with no window at all.)
+PIECE_BYTES = 4096  # the page size: what the kernel writes without a check for signals
 
 
 def header(job: str) -> str:
@@ -59,11 +64,10 @@ class TraceFile:
                 os.pwrite(self._fd, ("[\n" + header(job) + "\n]").encode(), 0)
 
     def append(self, events: Iterable[str]) -> None:
-        """Add `events` (JSON object texts) in one write, replacing the closing bracket."""
-        body = ",\n".join(events)
-        if not body:
+        """Add `events` (JSON object texts), each piece of them replacing the closing bracket."""
+        events = list(events)
+        if not events:
             return
-        data = (",\n" + body + "\n]").encode()
         with self._locked():
             fd = self._fd
             if fd is None:
@@ -71,7 +75,8 @@ class TraceFile:
             end = os.fstat(fd).st_size
             if end == 0 or os.pread(fd, 1, end - 1) != b"]":
                 raise OSError(f"timeline file {self.path} was changed by someone else")
-            os.pwrite(fd, data, end - 1)
+            for offset, data in _pieces(events, end - 1):
+                os.pwrite(fd, data, offset)
 
     def close(self) -> None:
         with self._lock:
@@ -98,3 +103,38 @@ class _Locked:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._lock.release()
+
+
+def _pieces(events: Iterable[str], pos: int) -> list[tuple[int, bytes]]:
+    """(offset, bytes) writes that append `events` when the closing bracket is at `pos`.
+
+    Each write replaces the bracket and ends with a new one. A write that must cross into the
+    next page starts on the last byte of its page (the one before it pads with spaces, valid
+    JSON), so the part a SIGKILL can tear off leaves at most that one byte behind.
+    """
+    writes: list[tuple[int, bytes]] = []
+    current: list[bytes] = []
+    start = pos  # where the piece being built will be written
+    size = 2  # b"\n]" plus, per event, its b",\n" and text
+
+    def flush(pad_to: int | None = None) -> None:
+        nonlocal current, start, size
+        body = b"".join(b",\n" + d for d in current)
+        tail = b"\n]" if pad_to is None else b" " * (pad_to - start - len(body) - 1) + b"]"
+        writes.append((start, body + tail))
+        start += len(body) + len(tail) - 1
+        current, size = [], 2
+
+    for text in events:
+        data = text.encode()
+        page_end = (start // PIECE_BYTES + 1) * PIECE_BYTES
+        if start + size + len(data) + 2 > page_end and start != page_end - 1:
+            flush(pad_to=page_end)  # fill this page; the bracket moves to its last byte
+            page_end += PIECE_BYTES
+        elif start + size + len(data) + 2 > page_end + PIECE_BYTES and current:
+            flush()  # do not cross a second page boundary
+        current.append(data)
+        size += len(data) + 2
+    if current:
+        flush()
+    return writes
