@@ -609,3 +609,18 @@ def world_of_one() -> dict[str, object]:
     hvd.barrier()
     hvd.shutdown()
     return out
+
+
+def user_initialised() -> tuple[list[float], float, bool]:
+    """torch.distributed initialised by the user first: hvd reuses it and leaves it alone."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    hvd.init()
+    out = hvd.allreduce(torch.ones(2), op=hvd.Sum).tolist()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    hvd.shutdown()
+    alive = dist.is_initialized()
+    dist.destroy_process_group()
+    return out, t.item(), alive

@@ -104,3 +104,7 @@ def test_world_of_one_without_launcher() -> None:
         "join": 0,
     }
     assert time.monotonic() - start < 60
+
+
+def test_reuses_a_user_initialised_default_group() -> None:
+    assert hora.run(_cases.user_initialised, np=2) == [([2.0, 2.0], 2.0, True)] * 2
