@@ -7,6 +7,7 @@ The driver's monitor loop is otherwise idle, so the conversion costs the ranks n
 
 from __future__ import annotations
 
+import marshal
 import os
 import sys
 import uuid
@@ -22,8 +23,9 @@ class DriverTimeline:
         self._job = uuid.uuid4().hex
         self._files: dict[str, tuple[TraceFile, dict[int, RankTrack]] | None] = {}
 
-    def receive(self, rank: int, path: str, events: list[RawEvent]) -> None:
-        """Handle `("timeline", rank, path, events)` from a worker."""
+    def receive(self, rank: int, path: str, batch: bytes | list[RawEvent]) -> None:
+        """Handle `("timeline", rank, path, events)` from a worker (events marshalled or not)."""
+        events = marshal.loads(batch) if isinstance(batch, bytes) else batch
         key = os.path.abspath(path)
         if key not in self._files:
             try:

@@ -51,8 +51,40 @@ class RankTrack:
             self._started = True
             out.append(self._meta("process_name", 0, f"rank {self.rank}"))
             out.append(self._meta("process_sort_index", 0, self.rank))
+        # The fast path, inlined (the driver converts every rank's events): a begin or end on a
+        # known named track, nothing held back. Everything else goes through `_one`.
+        append = out.append
+        tids, stacks, last, held = self._tids, self._stacks, self._last, self._held
+        names = self._names
+        where = f',"pid":{self.rank},"tid":'
         for ev in events:
-            self._one(ev, out)
+            ts, kind, key, phase, args = ev
+            tid = tids.get(key)
+            stack = stacks.get(tid) if tid is not None else None
+            if stack is None or held or (kind != "B" and kind != "E"):
+                self._one(ev, out)
+                continue
+            if kind == "B":
+                if not stack:
+                    self._one(ev, out)  # a top-level slice: it names its tensor
+                    continue
+                stack.append(phase)
+                extra = ""
+            else:
+                if not stack or stack[-1] != phase:
+                    self._one(ev, out)
+                    continue
+                stack.pop()
+                extra = f',"args":{json.dumps(args, separators=(",", ":"))}' if args else ""
+            previous = last[tid]
+            if ts < previous:
+                ts = previous
+            last[tid] = ts
+            name = names.get(phase) or self._js(phase)
+            append(
+                f'{{"name":{name},"ph":"{kind}","ts":{ts // 1000}.{ts % 1000:03d}'
+                f"{where}{tid}{extra}}}"
+            )
         return out
 
     # -- one event ---------------------------------------------------------------------------

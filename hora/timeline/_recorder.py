@@ -7,6 +7,7 @@ formatting, no I/O, no lock (deque appends are atomic). A flusher thread wakes e
 
 from __future__ import annotations
 
+import marshal
 import sys
 import threading
 import time
@@ -89,3 +90,12 @@ class Flusher:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         self.flush()
+
+
+def pack(batch: list[RawEvent]) -> bytes | list[RawEvent]:
+    """The batch for the channel: marshal is ~3x cheaper than pickle for these tuples, and the
+    flusher runs under the rank's GIL. (hora already needs one Python version on every host.)"""
+    try:
+        return marshal.dumps(batch)
+    except ValueError:  # an argument marshal cannot encode: let the channel pickle it
+        return batch
