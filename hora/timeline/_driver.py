@@ -2,15 +2,21 @@
 
 Ranks on other hosts (Spark executors) cannot write the file where the driver asked for it, so
 under a hora launcher every rank ships its batches here and the driver converts and writes them.
-The driver's monitor loop is otherwise idle, so the conversion costs the ranks nothing.
+That happens on a writer thread at the lowest CPU priority: where the driver shares cores with
+the ranks (local runs) the trace may lag behind while they compute, rather than slow them down.
+`close()` writes the rest before the run returns.
 """
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import os
+import queue
 import sys
+import threading
 import uuid
+from typing import Any
 
 from hora.timeline._events import RankTrack, RawEvent
 from hora.timeline._file import TraceFile
@@ -22,9 +28,23 @@ class DriverTimeline:
     def __init__(self) -> None:
         self._job = uuid.uuid4().hex
         self._files: dict[str, tuple[TraceFile, dict[int, RankTrack]] | None] = {}
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
 
     def receive(self, rank: int, path: str, batch: bytes | list[RawEvent]) -> None:
-        """Handle `("timeline", rank, path, events)` from a worker (events marshalled or not)."""
+        """Queue `("timeline", rank, path, events)` from a worker for the writer thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hora-timeline", daemon=True)
+            self._thread.start()
+        self._inbox.put((rank, path, batch))
+
+    def _run(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # not Linux: normal priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        while (item := self._inbox.get()) is not None:
+            self._write(*item)
+
+    def _write(self, rank: int, path: str, batch: bytes | list[RawEvent]) -> None:
         events = marshal.loads(batch) if isinstance(batch, bytes) else batch
         key = os.path.abspath(path)
         if key not in self._files:
@@ -47,11 +67,12 @@ class DriverTimeline:
             trace.close()
             print(f"hora: stopped writing the timeline to {key}: {exc}", file=sys.stderr)
 
-    @property
-    def paths(self) -> list[str]:
-        return [p for p, entry in self._files.items() if entry is not None]
-
     def close(self) -> None:
+        """Write what is queued, then close the files."""
+        if self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join()
+            self._thread = None
         for entry in self._files.values():
             if entry is not None:
                 entry[0].close()

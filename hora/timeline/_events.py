@@ -56,7 +56,7 @@ class RankTrack:
         append = out.append
         tids, stacks, last, held = self._tids, self._stacks, self._last, self._held
         names = self._names
-        where = f',"pid":{self.rank},"tid":'
+        template = '{"name":%s,"ph":"%s","ts":%d.%03d,"pid":' + str(self.rank) + ',"tid":%d%s}'
         for ev in events:
             ts, kind, key, phase, args = ev
             tid = tids.get(key)
@@ -81,10 +81,7 @@ class RankTrack:
                 ts = previous
             last[tid] = ts
             name = names.get(phase) or self._js(phase)
-            append(
-                f'{{"name":{name},"ph":"{kind}","ts":{ts // 1000}.{ts % 1000:03d}'
-                f"{where}{tid}{extra}}}"
-            )
+            append(template % (name, kind, ts // 1000, ts % 1000, tid, extra))
         return out
 
     # -- one event ---------------------------------------------------------------------------
