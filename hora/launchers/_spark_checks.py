@@ -83,7 +83,13 @@ def concurrent_slots(sc: Any) -> int:
     """
     jsc = sc._jsc.sc()
     profile = jsc.resourceProfileManager().defaultResourceProfile()
-    return int(jsc.maxNumConcurrentTasks(profile))
+    slots = int(jsc.maxNumConcurrentTasks(profile))
+    gpus_per_task = task_gpu_amount(sc)
+    if is_local_master(sc) and gpus_per_task > 0:
+        # Local mode counts cores only; its tasks can only get the driver's own GPUs.
+        driver_gpus = len(sc.resources["gpu"].addresses) if "gpu" in sc.resources else 0
+        slots = min(slots, int(driver_gpus // gpus_per_task))
+    return slots
 
 
 def check_slots(sc: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> int:
@@ -105,16 +111,41 @@ def describe_slots(sc: Any, slots: int) -> str:
     gpus = task_gpu_amount(sc)
     gpu_note = f", {GPU_AMOUNT_KEY}={gpus:g}" if gpus > 0 else ""
     if is_local_master(sc):
+        if gpus > 0:
+            have = len(sc.resources["gpu"].addresses) if "gpu" in sc.resources else 0
+            return (
+                f"this SparkSession (master {sc.master}{gpu_note}) has {slots}: local mode runs "
+                f"tasks on the driver, which has {have} GPU(s) for tasks that each ask for "
+                f"{gpus:g}. "
+                + _remedy(
+                    slots,
+                    "give the driver GPUs (spark.driver.resource.gpu.amount and its "
+                    f"discoveryScript), or unset {GPU_AMOUNT_KEY}.",
+                )
+            )
         return (
-            f"this SparkSession (master {sc.master}, spark.task.cpus={cpus}{gpu_note}) has "
-            f"{slots}. Lower np to {slots} or less, or start Spark with more local cores "
-            "(for example master 'local[N]'), or lower spark.task.cpus."
+            f"this SparkSession (master {sc.master}, spark.task.cpus={cpus}) has {slots}. "
+            + _remedy(
+                slots,
+                "give Spark more local cores (for example master 'local[N]'), or lower "
+                "spark.task.cpus.",
+            )
         )
     executors = max(0, int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1)
     cores = _conf(sc, "spark.executor.cores", "?")
     return (
         f"this cluster can run {slots} ({executors} executors registered, spark.executor.cores="
-        f"{cores}, spark.task.cpus={cpus}{gpu_note}). Lower np to {slots} or less, or give the "
-        "cluster more executors or cores (spark.executor.instances, spark.executor.cores), or "
-        f"lower spark.task.cpus{' or the GPUs per task' if gpu_note else ''}."
+        f"{cores}, spark.task.cpus={cpus}{gpu_note}). "
+        + _remedy(
+            slots,
+            "give the cluster more executors or cores (spark.executor.instances, "
+            "spark.executor.cores), or lower spark.task.cpus"
+            f"{' or the GPUs per task' if gpu_note else ''}.",
+        )
     )
+
+
+def _remedy(slots: int, change: str) -> str:
+    if slots > 0:
+        return f"Lower np to {slots} or less, or {change}"
+    return change[0].upper() + change[1:]

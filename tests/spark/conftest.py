@@ -28,8 +28,10 @@ def start_spark(master: str, **conf: str):
     """A SparkSession bound to 127.0.0.1 with the UI off; the caller stops it."""
     from pyspark.sql import SparkSession
 
+    # A fresh Builder: `SparkSession.builder` is shared and keeps the last module's options.
     builder = (
-        SparkSession.builder.master(master)
+        SparkSession.Builder()
+        .master(master)
         .appName("hora-tests")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
@@ -40,6 +42,16 @@ def start_spark(master: str, **conf: str):
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def stop_spark(session) -> None:
+    """Stop `session` and forget its settings: Spark leaves them in the JVM's system properties,
+    where the next module's session would inherit them (GPU resources on a local master)."""
+    system = session.sparkContext._jvm.System
+    session.stop()
+    for key in list(system.getProperties().stringPropertyNames()):
+        if str(key).startswith("spark."):
+            system.clearProperty(key)
 
 
 def worker_processes() -> list[int]:

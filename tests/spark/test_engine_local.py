@@ -11,7 +11,7 @@ import pytest
 import hora
 from tests import _workers
 from tests.spark import _jobs
-from tests.spark.conftest import start_spark
+from tests.spark.conftest import start_spark, stop_spark
 
 pytestmark = pytest.mark.spark
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.spark
 def spark():
     session = start_spark("local[2]")
     yield session
-    session.stop()
+    stop_spark(session)
 
 
 def test_runner_np_positive_runs_on_spark_and_returns_rank_zero(spark):

@@ -1,0 +1,174 @@
+"""The Spark engine on `local-cluster[2,1,1024]`: two executor JVMs, each with one (fake) GPU.
+
+The GPUs are Spark resources found by a discovery script that hands each worker its own address;
+no CUDA is needed to check that each rank's CUDA_VISIBLE_DEVICES follows Spark's assignment.
+Also the TorchDistributor door (function and script), on this cluster and in local mode.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import stat
+import textwrap
+import time
+
+import pytest
+
+import hora
+from hora import _channel
+from hora.config import RunConfig
+from hora.launchers import LaunchContext
+from hora.launchers.spark import SparkLauncher
+from hora.spark import TorchDistributor
+from tests import _workers
+from tests.spark import _jobs
+from tests.spark.conftest import start_spark, stop_spark
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gpus")
+    script = folder / "discover.sh"
+    script.write_text(
+        textwrap.dedent(f"""\
+        #!/bin/sh
+        # each Spark worker that runs this claims the next free fake GPU address
+        for i in 0 1 2 3; do
+          if mkdir "{folder}/claimed-$i" 2>/dev/null; then
+            echo '{{"name": "gpu", "addresses": ["'$i'"]}}'; exit 0
+          fi
+        done
+        exit 1
+        """)
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    session = start_spark(
+        "local-cluster[2,1,1024]",
+        **{
+            "spark.worker.resource.gpu.amount": "1",
+            "spark.worker.resource.gpu.discoveryScript": str(script),
+            "spark.executor.resource.gpu.amount": "1",
+            "spark.task.resource.gpu.amount": "1",
+        },
+    )
+    yield session
+    stop_spark(session)
+
+
+def test_results_from_two_executors(spark):
+    assert hora.run(_workers.rank_times, (7,), np=2, backend="spark") == [0, 7]
+    ranks_pids = hora.run(_jobs.whoami, np=2)
+    assert [r for r, _pid, _host in ranks_pids] == [0, 1]
+
+
+def test_env_contract_equals_local_mode(spark):
+    env = {"USER_VAR": "x"}
+    assert hora.run(_jobs.contract, np=2, backend="spark", env=env) == hora.run(
+        _jobs.contract, np=2, backend="local", env=env
+    )
+
+
+def test_gloo_across_executors(spark):
+    assert hora.run(_workers.gloo_allreduce, np=2, backend="spark") == [3.0, 3.0]
+
+
+def test_each_rank_sees_its_task_gpu_at_local_rank(spark):
+    seen = hora.run(_jobs.visible_gpus, np=2, backend="spark")
+    lists = [visible.split(",") for visible, _ in seen]
+    assert lists[0] == lists[1] and sorted(lists[0]) == ["0", "1"]  # this job's GPUs on the host
+    own = [gpus[int(local_rank)] for gpus, (_, local_rank) in zip(lists, seen, strict=True)]
+    assert sorted(own) == ["0", "1"]  # cuda:LOCAL_RANK is a different GPU for each rank
+
+
+def test_use_gpu_false_leaves_cuda_visible_devices_alone(spark):
+    seen = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        _jobs.visible_gpus
+    )
+    assert seen[0] == os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_failing_rank_on_another_executor(spark):
+    start = time.monotonic()
+    with pytest.raises(hora.WorkerFailedError) as info:
+        hora.run(_jobs.fail_after_peer_started, (0,), np=2, backend="spark")
+    assert time.monotonic() - start < 20
+    assert str(info.value).startswith("rank 0 failed: RuntimeError: deliberate failure on rank 0")
+
+
+def test_torch_distributor_function(spark):
+    distributor = TorchDistributor(num_processes=2, local_mode=False, use_gpu=True)
+    assert distributor.run(_workers.rank_times, 5) == 0  # rank 0's value
+    assert distributor.run(_workers.gloo_allreduce) == 3.0
+
+
+def test_torch_distributor_script_gets_torchrun_env_and_args(spark, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent("""\
+        import os, sys
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.ones(1) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        out = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"out-{os.environ['RANK']}")
+        with open(out, "w") as f:
+            f.write(" ".join([__name__, os.environ["WORLD_SIZE"], str(t.item()), *sys.argv[1:]]))
+        """)
+    )
+    result = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        str(script), "--lr", "0.1"
+    )
+    assert result is None
+    for rank in (0, 1):
+        assert (tmp_path / f"out-{rank}").read_text() == "__main__ 2 3.0 --lr 0.1"
+
+
+def test_torch_distributor_local_mode_runs_on_the_driver(spark):
+    distributor = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
+    assert distributor.run(_workers.rank_times, x=3) == 0
+    assert distributor.run(_workers.gloo_allreduce) == 3.0
+
+
+def test_torch_distributor_argument_errors(spark, tmp_path):
+    with pytest.raises(ValueError, match="num_processes"):
+        TorchDistributor(num_processes=0)
+    script = tmp_path / "s.py"
+    script.write_text("")
+    with pytest.raises(ValueError, match="keyword arguments"):
+        TorchDistributor(num_processes=1, local_mode=False, use_gpu=False).run(str(script), lr=1)
+
+
+def test_a_rank_is_never_started_twice(spark):
+    """If Spark re-attempts a task, its supervisor is refused and the job is failed instead."""
+    events: queue.Queue = queue.Queue()
+    secret = _channel.new_secret()
+    job_channel = _channel.Server(secret, events)  # the workers dial it; nobody sends a payload
+    launcher = SparkLauncher(RunConfig(np=1, backend="spark"))
+    launcher.start(LaunchContext(1, job_channel.address, secret, events, {}))
+    try:
+        _wait_for(events, lambda m: m[0] == "hello")  # rank 0 is running
+        again = _channel.connect(launcher._server.address, secret)  # what a re-attempt does
+        again.send(("task", 0, {"attempt": 1, "stage": 0}))
+        reply = again.recv()
+        again.close()
+        assert reply[0] == "refuse" and "second time" in reply[1]
+        failed = _wait_for(events, lambda m: m[0] == "engine_failed")
+        assert failed[1] == 0 and "re-attempted" in failed[2]
+    finally:
+        launcher.stop()
+        job_channel.close()
+
+
+def _wait_for(events: queue.Queue, match, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _conn, message = events.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if message and match(message):
+            return message
+    raise AssertionError("the expected event never came")
