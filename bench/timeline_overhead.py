@@ -16,6 +16,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +48,9 @@ class PerTensorAllreduce:
         self.opt.step()
 
 
-def alternate(kind: str, steps: int, rounds: int, batch_size: int, path: str) -> dict[str, Any]:
+def alternate(
+    kind: str, steps: int, rounds: int, batch_size: int, path: str, noise_floor: bool = False
+) -> dict[str, Any]:
     import torch
 
     import hora.torch as hvd
@@ -64,14 +67,16 @@ def alternate(kind: str, steps: int, rounds: int, batch_size: int, path: str) ->
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     batch = train_step.make_batch(kind, batch_size)
     train_step._steps_per_s(model, opt, batch, 5)  # warm-up
-    rates: dict[str, list[float]] = {"on": [], "off": []}
+    rates: dict[str, list[float]] = {"on": [], "off": [], "on_cpu": [], "off_cpu": []}
     for r in range(rounds):
         for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
             hvd.barrier()
-            if mode == "on":
+            if mode == "on" and not noise_floor:
                 hvd.start_timeline(path)
+            cpu = time.process_time()  # all of this rank's threads: recorder and flusher too
             rates[mode].append(train_step._steps_per_s(model, opt, batch, steps))
-            if mode == "on":
+            rates[mode + "_cpu"].append((time.process_time() - cpu) / steps)
+            if mode == "on" and not noise_floor:
                 hvd.stop_timeline()
     hvd.shutdown()
     return rates
@@ -83,6 +88,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument(
+        "--noise-floor",
+        action="store_true",
+        help="never start the timeline: both sides are 'off', the overhead shown is noise",
+    )
+    parser.add_argument(
         "--models",
         nargs="+",
         default=["mlp50", "cnn", "mlp50" + PER_TENSOR],
@@ -93,14 +103,19 @@ def main() -> None:
     for kind in args.models:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "trace.json")
-            work = (kind, args.steps, args.rounds, args.batch_size, path)
+            work = (kind, args.steps, args.rounds, args.batch_size, path, args.noise_floor)
+            driver_cpu = time.process_time()
             per_rank = hora.run(alternate, work, np=2)
+            driver_cpu = time.process_time() - driver_cpu  # mostly formatting the trace
             size = os.path.getsize(path) if os.path.exists(path) else 0
         # Collectives keep the ranks in step: average the two ranks' rate of each round.
         rates = {
             mode: [statistics.mean(r) for r in zip(*(p[mode] for p in per_rank), strict=True)]
-            for mode in ("on", "off")
+            for mode in ("on", "off", "on_cpu", "off_cpu")
         }
+        cpu = statistics.median(
+            a / b for a, b in zip(rates["on_cpu"], rates["off_cpu"], strict=True)
+        )
         on, off = statistics.median(rates["on"]), statistics.median(rates["off"])
         # Rounds next to each other see the same load: the median of per-round ratios is the
         # figure least moved by what else runs on the machine.
@@ -112,6 +127,10 @@ def main() -> None:
             f"{kind}: median on {on:.1f}, off {off:.1f} steps/s; overhead (median of per-round "
             f"ratios) {100 * (1 - paired):+.1f}%; trace {size / 1e6:.1f} MB for "
             f"{args.rounds * args.steps} recorded steps"
+        )
+        print(
+            f"{kind}: rank CPU per step {1e3 * statistics.median(rates['off_cpu']):.2f} ms off, "
+            f"{100 * (cpu - 1):+.1f}% on; driver CPU for the whole job {driver_cpu:.2f} s"
         )
 
 
