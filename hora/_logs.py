@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 from collections.abc import Callable
 
 from hora._channel import Connection
@@ -12,6 +14,22 @@ _rank: int | None = None
 #: run (in order, errors ignored) while the channel is still up, just before the job's result is
 #: sent: the timeline ships its last events here.
 before_detach: list[Callable[[], None]] = []
+_negotiation_key: bytes | None = None
+
+
+def set_run_secret(secret: bytes) -> None:
+    """Called by the worker bootstrap: keep only keys *derived* from the run's secret."""
+    global _negotiation_key
+    _negotiation_key = hmac.new(secret, b"hora.torch negotiation", hashlib.sha256).digest()
+
+
+def negotiation_key() -> bytes | None:
+    """HMAC(run secret, b"hora.torch negotiation") under a hora launcher, else None.
+
+    hora.torch authenticates its negotiation sockets with it; the secret itself never leaves the
+    bootstrap (nor enters the environment).
+    """
+    return _negotiation_key
 
 
 def attach(conn: Connection, rank: int) -> None:

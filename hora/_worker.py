@@ -93,7 +93,9 @@ def main() -> None:
     rank = int(boot["rank"])
     sys.path.extend(p for p in boot.get("sys_path", ()) if p not in sys.path)
     os.environ[BOOT_ENV_FLAG] = "1"
-    conn = _channel.connect(tuple(boot["address"]), bytes.fromhex(boot["secret"]))
+    secret = bytes.fromhex(boot["secret"])
+    _logs.set_run_secret(secret)
+    conn = _channel.connect(tuple(boot["address"]), secret)
     conn.send(("hello", rank, os.getpid(), socket.gethostname()))
     status = _run(rank, conn)
     conn.close()

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hora import _logs
 from hora.environment import placements
 from hora.timeline import _control as _timeline
 from hora.torch import _channel, _state
@@ -167,16 +168,74 @@ def _start_engine(rank: int, size: int, groups: dict[int, GroupInfo], wait: time
     token = _channel.new_token()
     server = None
     address = ""
+    mode = ""
+    store_key = f"hora.torch/negotiation/{token.hex()}"
+    store = _default_store()
     if rank == 0:
-        server, address = _channel.listen(_channel.local_address(os.environ.get("MASTER_ADDR")))
-    box: list[Any] = [address, token]
+        server, address = _channel.listen(_channel.local_address(_master_addr(store)))
+        if _logs.negotiation_key() is not None:
+            mode = "launcher"
+        elif store is not None:
+            mode = "store"
+            store.set(store_key, _channel.new_key())
+        else:  # pragma: no cover - torch.distributed always has a default store once initialised
+            raise RuntimeError("hora.torch.init(): torch.distributed has no store to share a key")
+    box: list[Any] = [address, token, mode]
     dist.broadcast_object_list(box, src=0, group=world.gloo)
+    address, token, mode = box
+    store_key = f"hora.torch/negotiation/{token.hex()}"
+    key = _channel.channel_key(_negotiation_key(mode, store, store_key), token)
     if rank == 0:
         assert server is not None
-        peers = _channel.accept_workers(server, size - 1, token, config.timeout_s)
+        try:
+            peers = _channel.accept_workers(server, size - 1, key, config.timeout_s)
+        finally:
+            if mode == "store":
+                with contextlib.suppress(Exception):
+                    store.delete_key(store_key)  # type: ignore[union-attr]
         return Engine(config, groups, peers, None)
-    sock = _channel.connect(box[0], rank, box[1], config.timeout_s)
+    sock = _channel.connect(address, rank, key, config.timeout_s)
     return Engine(config, groups, None, sock)
+
+
+def _default_store() -> Any:
+    """torch.distributed's default store (the rendezvous TCPStore under env:// launchers)."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # pragma: no cover - private API moved
+        return None
+
+
+def _master_addr(store: Any) -> str | None:
+    """The rendezvous host: MASTER_ADDR, else the default TCPStore's host."""
+    addr = os.environ.get("MASTER_ADDR")
+    if addr:
+        return addr
+    while store is not None and not hasattr(store, "host"):
+        store = getattr(store, "underlying_store", None)
+    return getattr(store, "host", None) if store is not None else None
+
+
+def _negotiation_key(mode: str, store: Any, store_key: str) -> bytes:
+    """The key every rank of this world authenticates the negotiation star with.
+
+    Under a hora launcher ("launcher"): derived from the run's channel secret, which the worker
+    bootstrap read from stdin (`hora._logs.negotiation_key`); no key travels at all. Without one
+    (torchrun, TorchDistributor, a user-initialised group: "store"): rank 0 draws a random key and
+    publishes it in torch.distributed's default store, the TCPStore every rank already rendezvoused
+    through. That is exactly as trusted as torch.distributed's own rendezvous: whoever can read
+    that store can also join the process group and feed gloo. Rank 0 deletes the key from the
+    store once every rank has connected.
+    """
+    if mode == "launcher":
+        key = _logs.negotiation_key()
+        if key is None:
+            raise RuntimeError(
+                "hora.torch.init(): rank 0 runs under a hora launcher but this rank does not; "
+                "start every rank the same way"
+            )
+        return key
+    return bytes(store.get(store_key))
 
 
 def barrier_all() -> None:

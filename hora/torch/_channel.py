@@ -3,17 +3,64 @@
 gloo's small collectives cost about a millisecond each on a busy host, a socket round trip tens of
 microseconds, so requests and responses travel on plain sockets: length-prefixed pickles. A dead
 peer closes its socket, which every survivor sees at once (no idle polling is needed to notice).
+
+Security: rank 0 listens on a TCP port, so anything that can reach it could otherwise feed it a
+pickle. Every socket of the star is therefore authenticated both ways (the HMAC-SHA256
+challenge-response of `hora._channel`, with a key every rank of this world holds, see
+`hora.torch._basics._negotiation_key`) before a single frame is unpickled; a peer that fails is
+closed unread. Frames are then unpickled by a restricted unpickler that resolves only the engine's
+own message classes (defence in depth). The channel authenticates; it does not encrypt.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import io
+import logging
 import os
 import pickle
 import socket
 import struct
+import time
 from typing import Any
 
+from hora._channel import AuthenticationFailed, Connection
+
+log = logging.getLogger("hora.torch")
+
 _HEADER = struct.Struct("!I")
+_HELLO = struct.Struct("!I")  # a worker's rank, sent raw once it is authenticated
+HANDSHAKE_TIMEOUT_S = 10.0
+
+# The only globals a negotiation frame may name: the engine's message classes. Everything else in
+# a frame is built from pickle's own opcodes (str, int, float, tuple, list, dict, None, bool).
+_ALLOWED_CLASSES = frozenset(
+    {
+        ("hora.torch._negotiation", "Request"),
+        ("hora.torch._negotiation", "Entry"),
+        ("hora.torch._negotiation", "Bucket"),
+        ("hora.torch._negotiation", "Failure"),
+        ("hora.torch._negotiation", "JoinDone"),
+        ("hora.torch._engine", "Shutdown"),
+    }
+)
+
+
+class ForbiddenFrame(pickle.UnpicklingError):
+    """A negotiation frame named a class outside the engine's messages."""
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED_CLASSES:
+            return super().find_class(module, name)
+        raise ForbiddenFrame(f"forbidden global {module}.{name} in a negotiation frame")
+
+
+def loads(payload: bytes) -> Any:
+    """Unpickle a negotiation frame, refusing any global but the engine's message classes."""
+    return _Unpickler(io.BytesIO(payload)).load()
 
 
 def send_msg(sock: socket.socket, obj: Any) -> None:
@@ -44,7 +91,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
 
 def recv_msg(sock: socket.socket) -> Any:
     (length,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    return pickle.loads(_recv_exact(sock, length))
+    return loads(_recv_exact(sock, length))
 
 
 def local_address(master_addr: str | None) -> str:
@@ -66,43 +113,80 @@ def _tune(sock: socket.socket, timeout: float) -> None:
 
 
 def listen(host: str) -> tuple[socket.socket, str]:
-    """Rank 0 listens on an ephemeral port of `host`; returns the socket and "host:port"."""
+    """Rank 0 listens on an ephemeral port of `host` only; returns the socket and "host:port"."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind((host, 0))
     server.listen(128)
     return server, f"{host}:{server.getsockname()[1]}"
 
 
+def channel_key(base_key: bytes, token: bytes) -> bytes:
+    """The key of one world's star: the base key bound to this `init()`'s random token."""
+    return hmac.new(base_key, b"hora.torch star " + token, hashlib.sha256).digest()
+
+
 def accept_workers(
-    server: socket.socket, workers: int, token: bytes, timeout: float
+    server: socket.socket, workers: int, key: bytes, timeout: float
 ) -> dict[int, socket.socket]:
-    """Accept one connection per other rank; each introduces itself with (token, rank)."""
-    server.settimeout(timeout)
+    """Accept one authenticated connection per other rank, within `timeout` overall.
+
+    A connection that fails the handshake (wrong key, garbage, silence for
+    `HANDSHAKE_TIMEOUT_S`) is closed without anything it sent being unpickled, and does not take
+    a rank's place; the real ranks still get in.
+    """
+    deadline = time.monotonic() + timeout
     peers: dict[int, socket.socket] = {}
     try:
         while len(peers) < workers:
-            conn, _ = server.accept()
-            _tune(conn, timeout)
-            hello = recv_msg(conn)
-            if not (isinstance(hello, tuple) and hello[0] == token):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"only {len(peers)} of {workers} ranks reached the negotiation channel"
+                )
+            server.settimeout(remaining)
+            conn, addr = server.accept()
+            try:
+                conn.settimeout(min(HANDSHAKE_TIMEOUT_S, remaining))
+                Connection(conn).authenticate_as_server(key)
+                (rank,) = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+                if not 1 <= rank <= workers or rank in peers:
+                    raise AuthenticationFailed(f"unexpected rank {rank}")
+            except (OSError, ConnectionError, struct.error) as exc:
+                log.warning("hora.torch: refused a negotiation connection from %s: %s", addr, exc)
                 conn.close()
                 continue
-            peers[int(hello[1])] = conn
+            _tune(conn, timeout)
+            peers[rank] = conn
+    except BaseException:
+        for conn in peers.values():
+            conn.close()
+        raise
     finally:
         server.close()
     return peers
 
 
-def connect(address: str, rank: int, token: bytes, timeout: float) -> socket.socket:
+def connect(address: str, rank: int, key: bytes, timeout: float) -> socket.socket:
+    """Connect to rank 0's star and authenticate both ways before anything else is exchanged."""
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=timeout)
+    try:
+        sock.settimeout(max(timeout, HANDSHAKE_TIMEOUT_S))
+        Connection(sock).authenticate_as_client(key)
+        sock.sendall(_HELLO.pack(rank))
+    except BaseException:
+        sock.close()
+        raise
     _tune(sock, timeout)
-    send_msg(sock, (token, rank))
     return sock
 
 
 def new_token() -> bytes:
     return os.urandom(16)
+
+
+def new_key() -> bytes:
+    return os.urandom(32)
 
 
 def wake_pair() -> tuple[socket.socket, socket.socket]:
