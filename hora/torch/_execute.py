@@ -184,6 +184,10 @@ def _allreduce(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, devic
             _end(names, _backend(ALLREDUCE, device))
         scale_(work, post)
         _begin(names, "MEMCPY_OUT_FUSION_BUFFER")
+        if len(items) > 1 and wide == dtype:
+            _unfuse(work, items, ops, outputs)
+            _end(names, "MEMCPY_OUT_FUSION_BUFFER")
+            continue
         offset = 0
         for i, j, t in items:
             piece = work if len(items) == 1 else work[offset : offset + t.numel()].view(t.shape)
@@ -203,6 +207,28 @@ def _allreduce(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, devic
     for op, outs in zip(ops, outputs, strict=True):
         if op is not None:
             op.outputs = outs
+
+
+def _unfuse(
+    work: torch.Tensor,
+    items: list[tuple[int, int, torch.Tensor]],
+    ops: list[LocalOp | None],
+    outputs: list[list[Any]],
+) -> None:
+    """Hand a fused buffer back: one C++ call for in-place entries, views for the others."""
+    sizes = [t.numel() for _, _, t in items]
+    if all(ops[i] is not None and ops[i].inplace for i, _, _ in items):  # type: ignore[union-attr]
+        torch.split_with_sizes_copy(work, sizes, out=[t.view(-1) for _, _, t in items])
+        for i, j, t in items:
+            outputs[i][j] = t
+        return
+    for (i, j, t), piece in zip(items, work.split_with_sizes(sizes), strict=True):
+        op = ops[i]
+        if op is not None and op.inplace:
+            t.view(-1).copy_(piece)
+            outputs[i][j] = t
+        else:
+            outputs[i][j] = piece.view(t.shape)
 
 
 def _row_bytes(shape: tuple[int, ...], dtype: str) -> int:

@@ -90,7 +90,10 @@ def validate(name: str, requests: dict[int, Request], members: tuple[int, ...]) 
     ranks = sorted(requests)
     first_rank = ranks[0]
     first = requests[first_rank]
-    for rank in ranks[1:]:
+    # Fast path: agreeing ranks send equal requests (tuple equality in C); only a mismatch or a
+    # kind whose shapes differ per rank (allgather, alltoall) needs the field-by-field messages.
+    slow = [rank for rank in ranks[1:] if requests[rank] != first]
+    for rank in slow:
         req = requests[rank]
         where = f"rank {first_rank} has {{a}}, rank {rank} has {{b}} (tensor '{name}')"
         if req.kind != first.kind:
