@@ -95,6 +95,15 @@ def test_killed_worker_process(spark):
     assert str(info.value).startswith("rank 1 failed: killed by signal 9 (SIGKILL)")
 
 
+def test_lost_spark_task_fails_the_job_and_stops_its_orphaned_rank(spark):
+    start = time.monotonic()
+    with pytest.raises(hora.WorkerFailedError) as info:
+        hora.run(_jobs.kill_own_spark_task, (1,), np=2, backend="spark")
+    assert time.monotonic() - start < 15
+    assert str(info.value).startswith("rank 1 failed: its Spark task ended before its worker")
+    # the autouse fixture checks that rank 1's process, orphaned by its task, is gone too
+
+
 def test_too_many_ranks_fail_at_once_saying_what_to_change(spark):
     start = time.monotonic()
     with pytest.raises(ValueError) as info:
