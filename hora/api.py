@@ -90,11 +90,11 @@ def _resolve_backend(backend: str) -> Backend:
 
 
 def _active_spark_session() -> bool:
-    if "pyspark" not in sys.modules:  # never import Spark just to find out it is not in use
-        return False
-    from pyspark.sql import SparkSession
+    # The SparkContext, not SparkSession.getActiveSession(): that one is per thread, and a
+    # session created on the notebook's main thread is not "active" in a worker thread.
+    from hora.launchers.spark import active_spark_context  # never imports pyspark itself
 
-    return SparkSession.getActiveSession() is not None
+    return active_spark_context() is not None
 
 
 def _launch(

@@ -33,6 +33,17 @@ def test_run_auto_picks_spark_and_returns_every_rank(spark):
     assert results == [0, 10]
 
 
+def test_run_auto_finds_the_session_from_another_thread(spark, capfd):
+    """getActiveSession() is per thread; a notebook's helper thread must still get Spark."""
+    results: list = []
+    thread = threading.Thread(target=lambda: results.append(hora.run(_jobs.whoami, np=2)))
+    thread.start()
+    thread.join(120)
+    assert [rank for rank, _pid, _host in results[0]] == [0, 1]
+    out, _ = capfd.readouterr()
+    assert "[0@" in out and "] hello from rank 0" in out  # rank@host: the Spark engine's mark
+
+
 def test_gloo_allreduce_with_no_init_arguments(spark):
     assert hora.run(_workers.gloo_allreduce, np=2, backend="spark") == [3.0, 3.0]
 
