@@ -42,6 +42,7 @@ _ALLOWED_CLASSES = frozenset(
         ("hora.torch._negotiation", "Bucket"),
         ("hora.torch._negotiation", "Failure"),
         ("hora.torch._negotiation", "JoinDone"),
+        ("hora.torch._negotiation", "CacheDrop"),
         ("hora.torch._engine", "Shutdown"),
     }
 )

@@ -9,6 +9,7 @@ threads sleep in `select` until a submission or a message arrives.
 from __future__ import annotations
 
 import logging
+import os
 import selectors
 import socket
 import threading
@@ -23,12 +24,26 @@ from hora.torch import _channel
 from hora.torch import _timeline_hooks as _th
 from hora.torch._common import SHUT_DOWN, HorovodInternalError
 from hora.torch._execute import GroupInfo, LocalOp, run_bucket
-from hora.torch._negotiation import Bucket, Coordinator, Failure, JoinDone, Request, Response
+from hora.torch._negotiation import (
+    Bucket,
+    CacheDrop,
+    Coordinator,
+    Failure,
+    JoinDone,
+    Request,
+    Response,
+)
 
 log = logging.getLogger("hora.torch")
 
 _JOIN = "J"
 _SHUTDOWN = "S"
+DEFAULT_CACHE_CAPACITY = 1024
+
+
+def cache_capacity() -> int:
+    """HOROVOD_CACHE_CAPACITY (0 disables the response cache); rank 0's value is the one used."""
+    return int(os.environ.get("HOROVOD_CACHE_CAPACITY", DEFAULT_CACHE_CAPACITY))
 
 
 @dataclass(frozen=True)
@@ -104,8 +119,15 @@ class Engine:
         self._peers = coordinator_peers or {}
         self._sock = worker_socket
         self._coordinator = (
-            Coordinator(config.size, config.fusion_threshold) if config.rank == 0 else None
+            Coordinator(config.size, config.fusion_threshold, cache_capacity())
+            if config.rank == 0
+            else None
         )
+        # A worker's copy of the response cache: agreed request -> id (and back), plus how many
+        # CacheDrops it has applied (sent with every frame so rank 0 knows which ids it may use).
+        self._cache_ids: dict[Any, int] = {}
+        self._cache_sigs: dict[int, Request] = {}
+        self._drops_seen = 0
         if self._coordinator is not None:
             for ps_id, info in process_sets.items():
                 self._coordinator.set_process_set(ps_id, info.ranks)
@@ -228,7 +250,7 @@ class Engine:
         """Best effort: make the other ranks fail now rather than at their backend's timeout."""
         try:
             if self._sock is not None:
-                _channel.send_msg(self._sock, [_SHUTDOWN])
+                _channel.send_msg(self._sock, (self._drops_seen, [_SHUTDOWN]))
             payload = _channel.pack([Shutdown(reason)])
             for peer in self._peers.values():
                 _channel.send_payload(peer, payload)
@@ -284,7 +306,8 @@ class Engine:
             if unsent and (now - last_send >= cycle or _SHUTDOWN in unsent):
                 if _th.recorder.enabled:
                     _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
-                _channel.send_msg(sock, unsent)
+                ids = self._cache_ids  # a cached request travels as its id
+                _channel.send_msg(sock, (self._drops_seen, [ids.get(i, i) for i in unsent]))
                 if _SHUTDOWN in unsent:
                     stopping_since = now
                 unsent, last_send = [], now
@@ -331,19 +354,22 @@ class Engine:
                     continue
                 rank = key.data
                 try:
-                    items = _channel.recv_msg(key.fileobj)  # type: ignore[arg-type]
+                    drops_seen, items = _channel.recv_msg(key.fileobj)  # type: ignore[arg-type]
                 except (ConnectionError, OSError):
                     sel.unregister(key.fileobj)
                     self._peers.pop(rank, None)
                     shutdown = shutdown or f"{SHUT_DOWN} (rank {rank} disconnected)"
                     continue
                 for item in items:
-                    if item == _SHUTDOWN:
+                    if type(item) is int:
+                        coord.submit_cached(rank, item)
+                    elif item == _SHUTDOWN:
                         shutdown = shutdown or SHUT_DOWN
                     elif item == _JOIN:
                         coord.join(rank)
                     else:
                         coord.submit(rank, item)
+                coord.ack(rank, drops_seen)
             for item in self._take_queue():
                 if self._apply_control(item):
                     continue
@@ -384,9 +410,23 @@ class Engine:
     def _handle(self, responses: list[Response | Shutdown]) -> bool:
         """Apply the coordinator's decisions in order; True once the engine must stop."""
         rec = _th.recorder
+        worker = self._coordinator is None
         for resp in responses:
             if isinstance(resp, Bucket):
+                if worker:
+                    for e in resp.entries:
+                        if e.cache_id >= 0:
+                            ref = e.ref
+                            self._cache_ids[ref] = e.cache_id
+                            self._cache_sigs[e.cache_id] = ref
                 self._run(resp)
+            elif isinstance(resp, CacheDrop):
+                if worker:
+                    for cid in resp.ids:
+                        sig = self._cache_sigs.pop(cid, None)
+                        if sig is not None and self._cache_ids.get(sig) == cid:
+                            del self._cache_ids[sig]
+                    self._drops_seen += 1
             elif isinstance(resp, Failure):
                 info = self.process_sets.get(resp.process_set_id)
                 if info is None or info.index < 0:

@@ -20,6 +20,8 @@ ALLTOALL = "alltoall"
 REDUCESCATTER = "reducescatter"
 BARRIER = "barrier"
 
+_NONAME = ".noname."  # in the names the engine generates for unnamed operations
+
 # Fusion signature of each fusable kind: which request fields must agree to share one buffer.
 _FUSABLE = {ALLREDUCE, ALLGATHER, BROADCAST}
 
@@ -50,6 +52,7 @@ class Entry(NamedTuple):
 
     name: str
     requests: dict[int, Request]
+    cache_id: int = -1  # >= 0: every rank now knows this request's signature by this id
 
     @property
     def ref(self) -> Request:
@@ -78,7 +81,13 @@ class JoinDone(NamedTuple):
     last_rank: int
 
 
-Response = Bucket | Failure | JoinDone
+class CacheDrop(NamedTuple):
+    """Response-cache ids every rank forgets (evicted, replaced or invalidated by a mismatch)."""
+
+    ids: tuple[int, ...]
+
+
+Response = Bucket | Failure | JoinDone | CacheDrop
 
 
 def _shape(s: tuple[int, ...]) -> list[int]:
@@ -142,20 +151,85 @@ def validate(name: str, requests: dict[int, Request], members: tuple[int, ...]) 
 class Coordinator:
     """Rank 0's bookkeeping of every rank's requests; `take()` hands out what may run now."""
 
-    def __init__(self, size: int, fusion_threshold: int) -> None:
+    def __init__(self, size: int, fusion_threshold: int, cache_capacity: int = 1024) -> None:
         self.size = size
         self.fusion_threshold = fusion_threshold
         self.members: dict[int, tuple[int, ...]] = {0: tuple(range(size))}
         self._pending: dict[tuple[int, str], dict[int, Request]] = {}
         self._joined: dict[int, None] = {}
-        self._out: list[tuple[int, str, dict[int, Request]] | Failure | JoinDone] = []
+        self._out: list[tuple[int, str, dict[int, Request], int] | Failure | JoinDone] = []
+        # Response cache (Horovod's): a request every rank agreed on gets an id, which workers
+        # then send instead of the pickled request. Keyed by (process set, name), in LRU order;
+        # ids are never reused. A dropped id stays resolvable ("retired") until every worker has
+        # acknowledged the CacheDrop (a worker may have sent it before it saw the drop).
+        self.cache_capacity = cache_capacity
+        self._cache: dict[tuple[int, str], tuple[int, Request]] = {}
+        self._by_id: dict[int, Request] = {}
+        self._retired: dict[int, tuple[Request, int]] = {}
+        self._next_id = 0
+        self._dropping: list[int] = []
+        self._drop_seq = 0  # CacheDrop messages sent so far
+        self._acked: dict[int, int] = {r: 0 for r in range(1, size)}
+        self.cached_submissions = 0  # requests that arrived as a cache id (tests read it)
 
     def set_process_set(self, process_set_id: int, ranks: tuple[int, ...] | None) -> None:
         """Register (or with None, forget) a process set; every rank does the same in order."""
         if ranks is None:
             self.members.pop(process_set_id, None)
+            for key in [k for k in self._cache if k[0] == process_set_id]:
+                self._drop(key)
         else:
             self.members[process_set_id] = ranks
+
+    # ----- response cache ----------------------------------------------------------------------
+    def resolve(self, cache_id: int) -> Request:
+        """The request a worker sent as `cache_id` (live, or dropped but not yet acknowledged)."""
+        req = self._by_id.get(cache_id)
+        if req is None:
+            retired = self._retired.get(cache_id)
+            if retired is None:
+                raise RuntimeError(f"unknown response-cache id {cache_id}")
+            req = retired[0]
+        return req
+
+    def submit_cached(self, rank: int, cache_id: int) -> None:
+        self.cached_submissions += 1
+        self.submit(rank, self.resolve(cache_id))
+
+    def ack(self, rank: int, drop_seq: int) -> None:
+        """`rank` had applied `drop_seq` CacheDrops when it chose the ids it just sent."""
+        self._acked[rank] = drop_seq
+        if self._retired:
+            done = min(self._acked.values(), default=self._drop_seq)
+            for cid in [c for c, (_, seq) in self._retired.items() if seq <= done]:
+                del self._retired[cid]
+
+    def cache_ids(self) -> dict[tuple[int, str], int]:
+        """The live cache (for tests and stall hints): key -> id."""
+        return {key: cid for key, (cid, _) in self._cache.items()}
+
+    def _drop(self, key: tuple[int, str]) -> None:
+        cid, req = self._cache.pop(key)
+        del self._by_id[cid]
+        self._retired[cid] = (req, self._drop_seq + 1)  # announced by the next CacheDrop
+        self._dropping.append(cid)
+
+    def _remember(self, key: tuple[int, str], ref: Request) -> int:
+        """Cache an agreed request; the new id (to announce), or -1 on a hit."""
+        cached = self._cache.pop(key, None)
+        if cached is not None:
+            if cached[1] == ref:
+                self._cache[key] = cached  # most recently used
+                return -1
+            self._cache[key] = cached
+            self._drop(key)
+        cid = self._next_id
+        self._next_id += 1
+        self._cache[key] = (cid, ref)
+        self._by_id[cid] = ref
+        while len(self._cache) > self.cache_capacity:
+            self._drop(next(iter(self._cache)))
+        return cid
 
     def pending_names(self) -> dict[str, list[int]]:
         """Names waiting for some rank, with the ranks that submitted them (for stall hints)."""
@@ -199,33 +273,50 @@ class Coordinator:
                 if root not in requests:
                     message = f"Broadcast root rank {root} has already joined (tensor '{key[1]}')"
         if message is not None:
+            if key in self._cache:
+                self._drop(key)  # every rank forgets it: the next submission is checked in full
             self._out.append(Failure(key[0], key[1], message))
-        else:
-            self._out.append((key[0], key[1], requests))
+            return
+        cid = -1
+        # Generated names (".noname.<n>") never recur: caching them would only churn the cache.
+        if self.cache_capacity > 0 and len(requests) == len(members) and _NONAME not in key[1]:
+            it = iter(requests.values())
+            first = next(it)
+            if all(r is first or r == first for r in it):
+                cid = self._remember(key, first)
+        self._out.append((key[0], key[1], requests, cid))
 
     def take(self) -> list[Response]:
         """Everything decided since the last call, ready operations cut into fusion buckets."""
         out, self._out = self._out, []
         responses: list[Response] = []
-        run: list[tuple[int, str, dict[int, Request]]] = []
+        run: list[tuple[int, str, dict[int, Request], int]] = []
         for item in out:
             if isinstance(item, tuple) and not isinstance(item, Failure | JoinDone):
-                run.append(item)
+                run.append(item)  # type: ignore[arg-type]
                 continue
             responses.extend(self._plan(run))
             run = []
-            responses.append(item)
+            responses.append(item)  # type: ignore[arg-type]
         responses.extend(self._plan(run))
+        if self._dropping:
+            # After the buckets that announce ids, so an id added and evicted in the same round
+            # is forgotten on every rank too.
+            responses.append(CacheDrop(tuple(self._dropping)))
+            self._dropping = []
+            self._drop_seq += 1
+            if not self._acked:  # a world of one: nobody can still send a dropped id
+                self._retired.clear()
         return responses
 
-    def _plan(self, ready: list[tuple[int, str, dict[int, Request]]]) -> list[Bucket]:
+    def _plan(self, ready: list[tuple[int, str, dict[int, Request], int]]) -> list[Bucket]:
         """Cut ready operations into buckets: same kind and signature, up to the threshold."""
         buckets: list[Bucket] = []
         open_buckets: dict[tuple[object, ...], tuple[Bucket, list[int]]] = {}
-        for ps_id, name, requests in ready:
+        for ps_id, name, requests, cid in ready:
             ref = requests[min(requests)]
             keep_all = ref.kind in (ALLGATHER, ALLTOALL)
-            entry = Entry(name, requests if keep_all else {min(requests): ref})
+            entry = Entry(name, requests if keep_all else {min(requests): ref}, cid)
             nbytes = sum(r.nbytes for r in requests.values()) if keep_all else ref.nbytes
             if ref.kind not in _FUSABLE or self.fusion_threshold <= 0:
                 buckets.append(Bucket(ref.kind, ps_id, [entry]))

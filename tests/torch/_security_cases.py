@@ -51,8 +51,11 @@ def intruder_before_init(marker: str, store_mode: bool) -> dict[str, object]:
     def connect_after_an_intruder(address: str, rank: int, key: bytes, timeout: float):  # type: ignore[no-untyped-def]
         host, port = address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=timeout) as rogue:
-            rogue.sendall(evil_frame(marker))  # the old protocol's hello position
-            rogue.shutdown(socket.SHUT_WR)
+            try:
+                rogue.sendall(evil_frame(marker))  # the old protocol's hello position
+                rogue.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass  # rank 0 may already have refused and closed it (ENOTCONN, EPIPE)
             rogue.settimeout(timeout)
             try:
                 while rogue.recv(4096):  # rank 0 answers with its challenge, then hangs up

@@ -14,7 +14,7 @@ import hora
 from hora._channel import AuthenticationFailed, Connection
 from hora.torch import _channel
 from hora.torch._engine import Shutdown
-from hora.torch._negotiation import Bucket, Entry, Failure, JoinDone, Request
+from hora.torch._negotiation import Bucket, CacheDrop, Entry, Failure, JoinDone, Request
 from tests.torch import _security_cases
 from tests.torch._security_cases import Touch, evil_frame
 
@@ -154,7 +154,9 @@ def test_the_engines_messages_pass_the_restricted_unpickler() -> None:
         req,
         "J",
         ("P", 1, (0, 1)),
-        Bucket("allreduce", 0, [Entry("a", {0: req})]),
+        Bucket("allreduce", 0, [Entry("a", {0: req}), Entry("b", {0: req}, 7)]),
+        CacheDrop((7, 8)),
+        (3, [req, 7, "J"]),  # a worker's frame: drops applied, then requests or cache ids
         Failure(0, "x", "why"),
         JoinDone(1),
         Shutdown("bye"),

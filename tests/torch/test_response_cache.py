@@ -1,0 +1,130 @@
+"""The response cache: agreed requests travel as ids; mismatches still fail on every rank."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+
+import hora
+from hora.torch._negotiation import ALLREDUCE, Bucket, CacheDrop, Coordinator, Failure, Request
+
+
+def req(name: str, shape=(4,), **kw) -> Request:
+    return Request(
+        name, ALLREDUCE, 0, ("float32",), (tuple(shape),), "cpu", 4 * math.prod(shape), **kw
+    )
+
+
+def test_agreed_request_gets_an_id_and_a_hit_announces_nothing() -> None:
+    c = Coordinator(2, 1 << 20, cache_capacity=8)
+    c.submit(0, req("a"))
+    c.submit(1, req("a"))
+    (bucket,) = c.take()
+    cid = bucket.entries[0].cache_id
+    assert cid >= 0 and c.cache_ids() == {(0, "a"): cid}
+    c.submit(0, req("a"))
+    c.submit_cached(1, cid)  # rank 1 sends only the id
+    (bucket,) = c.take()
+    assert isinstance(bucket, Bucket) and bucket.entries[0].cache_id == -1
+    assert bucket.entries[0].ref == req("a") and c.cached_submissions == 1
+
+
+def test_generated_names_and_disabled_cache_are_not_cached() -> None:
+    c = Coordinator(1, 1 << 20, cache_capacity=8)
+    c.submit(0, req("allreduce.noname.3"))
+    assert c.take()[0].entries[0].cache_id == -1
+    off = Coordinator(1, 1 << 20, cache_capacity=0)
+    off.submit(0, req("a"))
+    assert off.take()[0].entries[0].cache_id == -1 and off.cache_ids() == {}
+
+
+def test_mismatch_against_a_cached_id_fails_and_drops_the_entry() -> None:
+    c = Coordinator(2, 1 << 20, cache_capacity=8)
+    c.submit(0, req("a"))
+    c.submit(1, req("a"))
+    cid = c.take()[0].entries[0].cache_id
+    c.submit_cached(1, cid)
+    c.submit(0, req("a", shape=(5,)))
+    failure, drop = c.take()
+    assert isinstance(failure, Failure) and "shapes" in failure.message
+    assert drop == CacheDrop((cid,)) and c.cache_ids() == {}
+    # rank 1 may still send the dropped id until it has applied the drop: it still resolves
+    c.submit_cached(1, cid)
+    c.ack(1, 0)
+    assert c.resolve(cid) == req("a")
+    c.ack(1, 1)  # rank 1 has applied the drop: the id is gone for good
+    with pytest.raises(RuntimeError, match="unknown response-cache id"):
+        c.resolve(cid)
+
+
+def test_capacity_evicts_the_least_recently_used() -> None:
+    c = Coordinator(2, 1 << 20, cache_capacity=2)
+    ids = {}
+    for name in ("a", "b"):
+        c.submit(0, req(name))
+        c.submit(1, req(name))
+        ids[name] = c.take()[0].entries[0].cache_id
+    c.submit(0, req("a"))  # a hit makes "a" the most recent
+    c.submit_cached(1, ids["a"])
+    c.take()
+    c.submit(0, req("c"))
+    c.submit(1, req("c"))
+    bucket, drop = c.take()
+    assert drop == CacheDrop((ids["b"],))
+    assert c.cache_ids() == {(0, "a"): ids["a"], (0, "c"): bucket.entries[0].cache_id}
+
+
+def _ranks_job() -> dict[str, object]:
+    """Runs on every rank: hits, a mismatch on the last rank only, eviction at capacity 3."""
+    os.environ["HOROVOD_CACHE_CAPACITY"] = "3"
+    import torch
+
+    import hora.torch as hvd
+    from hora.torch import _state
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    out: dict[str, object] = {}
+    for _ in range(3):  # the 2nd and 3rd rounds travel as ids from the workers
+        x = hvd.allreduce(torch.full((4,), float(r + 1)), op=hvd.Sum, name="a")
+        assert torch.equal(x, torch.full((4,), n * (n + 1) / 2))
+    shape = (5,) if r == n - 1 else (4,)
+    try:
+        hvd.allreduce(torch.ones(shape), op=hvd.Sum, name="a")
+        out["mismatch"] = "no error"
+    except hvd.HorovodInternalError as exc:
+        out["mismatch"] = str(exc)
+    x = hvd.allreduce(torch.ones(4), op=hvd.Sum, name="a")  # checked in full again, then fine
+    assert torch.equal(x, torch.full((4,), float(n)))
+    for _ in range(3):  # 6 names through a cache of 3: evictions
+        handles = [
+            hvd.allreduce_async(torch.ones(k + 1), op=hvd.Sum, name=f"e{k}") for k in range(6)
+        ]
+        for k, h in enumerate(handles):
+            assert torch.equal(hvd.synchronize(h), torch.full((k + 1,), float(n)))
+    engine = _state.get().engine
+    coord = engine._coordinator
+    hvd.shutdown()  # every response, CacheDrops included, has been applied on every rank
+    if coord is not None:
+        out["cache"] = {name: cid for (_, name), cid in coord.cache_ids().items()}
+        out["cached_submissions"] = coord.cached_submissions
+    else:
+        out["cache"] = {sig.name: cid for sig, cid in engine._cache_ids.items()}
+        assert {cid: sig.name for sig, cid in engine._cache_ids.items()} == {
+            cid: sig.name for cid, sig in engine._cache_sigs.items()
+        }
+    return out
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_cache_across_ranks(np: int) -> None:
+    results = hora.run(_ranks_job, np=np)
+    for r, res in enumerate(results):
+        assert "Mismatched allreduce tensor shapes" in res["mismatch"], (r, res["mismatch"])
+    caches = [res["cache"] for res in results]
+    assert len(caches[0]) == 3 and all(c == caches[0] for c in caches), caches
+    assert set(caches[0]) <= {f"allreduce.e{k}" for k in range(6)}
+    # workers sent ids for the repeated "a" rounds and the repeated "e*" batches that hit
+    assert results[0]["cached_submissions"] >= 2 * (np - 1)
