@@ -68,6 +68,29 @@ def worker_processes() -> list[int]:
     return found
 
 
+@pytest.fixture(scope="package", autouse=True)
+def spark_jvm_ends_with_these_tests():
+    """pyspark keeps its JVM (and Python daemons) for the life of the process; end them here so
+    the other tests' check that no process survives sees none of Spark's."""
+    yield
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if proc is not None:
+        proc.stdin.close()  # the JVM exits when its stdin closes; make sure of it
+        proc.terminate()
+        proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while tagged_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 @pytest.fixture(autouse=True)
 def no_worker_survives_spark():
     yield
