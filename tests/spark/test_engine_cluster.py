@@ -139,6 +139,11 @@ def test_torch_distributor_argument_errors(spark, tmp_path):
     script.write_text("")
     with pytest.raises(ValueError, match="keyword arguments"):
         TorchDistributor(num_processes=1, local_mode=False, use_gpu=False).run(str(script), lr=1)
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:  # a driver without GPUs, as pyspark refuses
+        with pytest.raises(RuntimeError, match="no GPU was found on the driver"):
+            TorchDistributor(num_processes=1, local_mode=True, use_gpu=True).run(
+                _workers.rank_times, 1
+            )
 
 
 def test_a_rank_is_never_started_twice(spark):
