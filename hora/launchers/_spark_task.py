@@ -59,7 +59,11 @@ def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, 
                 },
             )
         )
-        reply = conn.recv()
+        try:
+            reply = conn.recv()
+        except (OSError, EOFError):  # the driver stopped the run before every task had started
+            yield rank, "stopped before it started"
+            return
         if reply[0] != "go":
             yield rank, f"refused: {reply[1]}"
             return
