@@ -13,7 +13,11 @@ from typing import Any
 # pyspark's own opt-in (TorchDistributor), honoured so clusters configured for it just work.
 IGNORE_SSL_KEYS = ("spark.hora.ignoreSsl", "pytorch.spark.distributor.ignoreSsl")
 GPU_AMOUNT_KEY = "spark.task.resource.gpu.amount"
-SLOT_WAIT_SECONDS = 10.0  # executors of a fresh session may still be registering
+# A fresh session's executors may still be registering: wait while none is there yet or their
+# number grew in the last SLOT_SETTLE_SECONDS, at most SLOT_WAIT_SECONDS. A cluster whose slots
+# stay short of np for SLOT_SETTLE_SECONDS is judged as it is.
+SLOT_WAIT_SECONDS = 60.0
+SLOT_SETTLE_SECONDS = 5.0
 
 
 def _conf(sc: Any, key: str, default: str = "") -> str:
@@ -93,12 +97,22 @@ def concurrent_slots(sc: Any) -> int:
 
 
 def check_slots(sc: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> int:
-    """Return the slot count, or raise ValueError at once if `np` tasks cannot run together."""
-    deadline = time.monotonic() + wait
+    """Return the slot count, or raise ValueError if `np` tasks cannot run together.
+
+    Raises as soon as the count has been steady below `np` for SLOT_SETTLE_SECONDS (at once on
+    a local master), instead of letting Spark queue the stage and retry it for minutes.
+    """
+    start = time.monotonic()
     slots = concurrent_slots(sc)
-    while slots < np and not is_local_master(sc) and time.monotonic() < deadline:
-        time.sleep(0.2)  # a fresh session's executors may still be registering
-        slots = concurrent_slots(sc)
+    changed = start
+    while slots < np and not is_local_master(sc):
+        now = time.monotonic()
+        if now - start > wait or (slots > 0 and now - changed > SLOT_SETTLE_SECONDS):
+            break
+        time.sleep(0.2)
+        latest = concurrent_slots(sc)
+        if latest != slots:
+            slots, changed = latest, time.monotonic()
     if slots >= np:
         return slots
     raise ValueError(

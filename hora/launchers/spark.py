@@ -60,7 +60,9 @@ class SparkLauncher(Launcher):
         _spark_checks.check_ssl(sc)
         _spark_checks.check_dynamic_allocation(sc)
         self.use_gpu = _spark_checks.resolve_use_gpu(sc, use_gpu)
-        _spark_checks.check_slots(sc, config.np, wait=min(config.start_timeout, 10.0))
+        _spark_checks.check_slots(
+            sc, config.np, wait=min(config.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
+        )
         self.sc = sc
         self.channel_host = sc.getConf().get("spark.driver.host") or "127.0.0.1"
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
