@@ -147,4 +147,4 @@ def run_on_local_spark(np: int, epochs: int) -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() > 0.9 else 1)
+    sys.exit(0 if main() >= 0.95 else 1)
