@@ -19,20 +19,15 @@ import time
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import cloudpickle
+from launch_spark import allreduce_job, spark_session
 
 import hora
 
-
-def allreduce_job() -> list[float]:
-    """The work every launcher runs: import torch, init gloo from the env, one allreduce."""
-    import torch
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo")
-    t = torch.ones(4) * (dist.get_rank() + 1)
-    dist.all_reduce(t)
-    dist.destroy_process_group()
-    return t.tolist()
+# Every contender ships the job by value, as it would a notebook's function.
+cloudpickle.register_pickle_by_value(sys.modules["launch_spark"])
 
 
 def _spawned(local_rank: int, port: int, out) -> None:
@@ -63,19 +58,6 @@ def run_torch_distributor() -> list[float]:
     return TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(allreduce_job)
 
 
-def _spark_session():
-    from pyspark.sql import SparkSession
-
-    return (
-        SparkSession.builder.master("local[2]")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.log.level", "ERROR")
-        .getOrCreate()
-    )
-
-
 def time_it(fn) -> float:
     start = time.perf_counter()
     result = fn()
@@ -93,7 +75,7 @@ def main() -> None:
 
     contenders = {"hora Runner(np=-2)": run_hora, "torch.multiprocessing.spawn": run_spawn}
     if not args.no_torch_distributor:
-        spark = _spark_session()  # TorchDistributor needs an active session, even in local mode
+        spark = spark_session()  # TorchDistributor needs an active session, even in local mode
         contenders["TorchDistributor(local_mode=True)"] = run_torch_distributor
     import torch  # noqa: F401  (every contender's driver has it imported before the clock starts)
 
@@ -116,7 +98,6 @@ def main() -> None:
         print(f"TorchDistributor / hora = {ratio:.2f} (target >= 3)")
         spark.stop()
     if args.spark:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import launch_spark
 
         launch_spark.main(["--reps", str(args.reps)])
