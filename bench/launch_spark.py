@@ -82,9 +82,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     args = parser.parse_args(argv)
 
     import cloudpickle
+    from pyspark import cloudpickle as spark_cloudpickle
 
-    # Executors cannot import this file as a module: ship allreduce_job by value.
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # Executors cannot import this file as a module (when bench/launch.py imports it): ship
+    # allreduce_job by value, with hora's cloudpickle and with pyspark's bundled copy.
+    for pickler in (cloudpickle, spark_cloudpickle):
+        pickler.register_pickle_by_value(sys.modules[__name__])
     contenders: dict[str, Callable[[], list[float]]] = {}
     if args.only in (None, "hora"):
         contenders[HORA] = run_hora
