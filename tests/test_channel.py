@@ -19,6 +19,16 @@ class Boom:
         return (exec, ("raise SystemExit('unpickled an unauthenticated frame')",))
 
 
+def _read_challenge(sock: socket.socket) -> bytes:
+    """The server's first frame, read whole: TCP may deliver its header and nonce apart."""
+    data = b""
+    while len(data) < 8 + 32:
+        chunk = sock.recv(8 + 32 - len(data))
+        assert chunk, "the server closed before sending its challenge"
+        data += chunk
+    return data
+
+
 @pytest.fixture
 def server():
     inbox: queue.Queue = queue.Queue()
@@ -51,7 +61,7 @@ def test_wrong_secret_is_refused_and_nothing_is_delivered(server):
 def test_a_pickle_sent_without_the_handshake_is_never_unpickled(server):
     srv, inbox = server
     sock = socket.create_connection(srv.address)
-    sock.recv(8 + 32)  # the server's challenge
+    _read_challenge(sock)
     frame = pickle.dumps(Boom())
     sock.sendall(struct.pack("!Q", len(frame)) + frame)
     with pytest.raises(queue.Empty):
@@ -62,7 +72,7 @@ def test_a_pickle_sent_without_the_handshake_is_never_unpickled(server):
 def test_a_huge_frame_before_the_handshake_is_refused(server):
     srv, _inbox = server
     sock = socket.create_connection(srv.address)
-    sock.recv(8 + 32)
+    _read_challenge(sock)
     sock.sendall(struct.pack("!Q", 1 << 40))  # would make a naive server allocate a terabyte
     sock.settimeout(5)
     assert sock.recv(1) == b""  # the server hung up
