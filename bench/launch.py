@@ -21,13 +21,11 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cloudpickle
-from launch_spark import allreduce_job, spark_session
+from launch_spark import allreduce_job, ship_jobs_by_value, spark_session
 
 import hora
 
-# Every contender ships the job by value, as it would a notebook's function.
-cloudpickle.register_pickle_by_value(sys.modules["launch_spark"])
+ship_jobs_by_value()  # every contender ships the job by value, as it would a notebook's function
 
 
 def _spawned(local_rank: int, port: int, out) -> None:

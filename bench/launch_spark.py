@@ -40,6 +40,16 @@ def allreduce_job() -> list[float]:
     return t.tolist()
 
 
+def ship_jobs_by_value() -> None:
+    """Workers cannot import this file as a module (when bench/launch.py imports it): ship
+    allreduce_job by value, with hora's cloudpickle and with pyspark's bundled copy."""
+    import cloudpickle
+    from pyspark import cloudpickle as spark_cloudpickle
+
+    for pickler in (cloudpickle, spark_cloudpickle):
+        pickler.register_pickle_by_value(sys.modules[__name__])
+
+
 def spark_session(master: str = "local[2]"):
     """A loopback-only SparkSession with its UI and progress bar off."""
     from pyspark.sql import SparkSession
@@ -81,13 +91,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser.add_argument("--only", choices=("hora", "torch-distributor"), default=None)
     args = parser.parse_args(argv)
 
-    import cloudpickle
-    from pyspark import cloudpickle as spark_cloudpickle
-
-    # Executors cannot import this file as a module (when bench/launch.py imports it): ship
-    # allreduce_job by value, with hora's cloudpickle and with pyspark's bundled copy.
-    for pickler in (cloudpickle, spark_cloudpickle):
-        pickler.register_pickle_by_value(sys.modules[__name__])
+    ship_jobs_by_value()
     contenders: dict[str, Callable[[], list[float]]] = {}
     if args.only in (None, "hora"):
         contenders[HORA] = run_hora
