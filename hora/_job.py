@@ -124,14 +124,15 @@ class Job:
             return
         kind, *body = message
         if kind == "hello":
+            assert conn is not None  # a hello only ever arrives on a worker's channel
             rank, _pid, host = body
             if not (isinstance(rank, int) and 0 <= rank < self.config.np) or rank in self.started:
-                conn.close() if conn else None
+                conn.close()
                 return
-            conn.peer = rank  # type: ignore[union-attr]
+            conn.peer = rank
             self.started[rank] = host
             want = self.collect_all or rank == 0
-            conn.send(("payload", self.payload, want))  # type: ignore[union-attr]
+            conn.send(("payload", self.payload, want))
         elif kind == "output":
             self._output(*body)
         elif kind == "result":

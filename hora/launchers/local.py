@@ -25,14 +25,15 @@ class LocalLauncher(Launcher):
 
     def start(self, ctx: LaunchContext) -> None:
         self._store, port = host_store(LOOPBACK)
+        sys_path = _driver_sys_path()
         for place in environment.placements([LOOPBACK] * ctx.np):
             env = environment.worker_env(place, LOOPBACK, port, user_env=ctx.env)
             rank = place.rank
             self._workers.append(
                 WorkerProcess(
-                    ctx.boot(rank) | {"sys_path": _driver_sys_path()},
+                    ctx.boot(rank) | {"sys_path": sys_path},
                     env,
-                    on_line=partial(_report_line, ctx, rank),
+                    on_line=partial(ctx.report, "output", rank),
                     on_exit=partial(ctx.report, "exit", rank),
                     cwd=os.getcwd(),
                 )
@@ -48,7 +49,3 @@ def _driver_sys_path() -> list[str]:
     """The driver's import path, so modules it can import (a notebook's sys.path.append too)
     unpickle in the workers; '' (the current folder) made absolute."""
     return [os.path.abspath(p) if p == "" else p for p in sys.path]
-
-
-def _report_line(ctx: LaunchContext, rank: int, stream: str, line: str) -> None:
-    ctx.report("output", rank, stream, line)
