@@ -36,8 +36,9 @@ def train(
     hvd.init()  # 1. initialise Horovod
     device = torch.device("cpu")
     if torch.cuda.is_available():  # 2. one GPU per process, chosen by local rank
-        torch.cuda.set_device(hvd.local_rank())
-        device = torch.device("cuda", hvd.local_rank())
+        gpu = hvd.local_rank() % torch.cuda.device_count()  # ranks share when GPUs are fewer
+        torch.cuda.set_device(gpu)
+        device = torch.device("cuda", gpu)
 
     digits = load_digits()  # 1,797 real 8x8 digits shipped with scikit-learn: nothing to download
     x = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)  # (N, 1, 8, 8)

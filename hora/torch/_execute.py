@@ -3,11 +3,16 @@
 Every rank runs the same buckets in the same order, so the backend's order-matched collectives
 always meet. A bucket of one tensor is reduced where it lies (no fusion copy); a bucket of many is
 packed into one buffer, reduced once, and handed back as views of that buffer.
+
+CUDA tensors go through NCCL when every rank of the set has a GPU of its own; where ranks share a
+GPU (NCCL refuses that) or NCCL is missing, they go through gloo by way of host copies, as Horovod
+built without NCCL does.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -50,13 +55,11 @@ class GroupInfo:
     index: int  # this process's position in `ranks`, -1 when not a member
     gloo: Any = None  # a torch ProcessGroup, None when the set has one member
     nccl: Any = None
+    nccl_usable: bool | None = None  # decided at the set's first CUDA collective
 
     @property
     def size(self) -> int:
         return len(self.ranks)
-
-    def group(self, device: str) -> Any:
-        return self.nccl if device == "cuda" else self.gloo
 
 
 @dataclass
@@ -66,6 +69,7 @@ class LocalOp:
     tensors: list[torch.Tensor]
     inplace: bool
     outputs: list[Any] | None = None
+    ready: Any = None  # a torch.cuda.Event recorded on the caller's stream at submission
 
 
 def _begin(names: list[str], phase: str) -> None:
@@ -103,8 +107,22 @@ def _aligned(n: int) -> int:
 
 def run_bucket(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo) -> None:
     """Run `bucket` on this rank; results land in each op's `outputs`."""
-    kind = bucket.kind
     device = bucket.entries[0].ref.device
+    if device != "cuda":
+        _run_bucket(bucket, ops, info, device)
+        return
+    mine = next((op.tensors[0] for op in ops if op is not None and op.tensors), None)
+    with torch.cuda.device(mine.device if mine is not None else torch.cuda.current_device()):
+        stream = torch.cuda.current_stream()
+        for op in ops:
+            if op is not None and op.ready is not None:
+                stream.wait_event(op.ready)  # the caller's kernels that produced the tensor
+        _run_bucket(bucket, ops, info, device)
+        stream.synchronize()
+
+
+def _run_bucket(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
+    kind = bucket.kind
     stats["buckets"] += 1
     if len(bucket.entries) > 1:
         stats["fused_buckets"] += 1
@@ -125,8 +143,6 @@ def run_bucket(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo) -> No
                 op.outputs = []
     else:  # pragma: no cover - the coordinator only sends known kinds
         raise RuntimeError(f"unknown collective {kind}")
-    if device == "cuda":
-        torch.cuda.current_stream().synchronize()
 
 
 def _local_tensors(
@@ -138,14 +154,53 @@ def _local_tensors(
     ]
 
 
-def _backend(kind: str, device: str) -> str:
-    return f"{'NCCL' if device == 'cuda' else 'GLOO'}_{kind.upper()}"
+def _nccl_usable(info: GroupInfo) -> bool:
+    """Whether NCCL can serve this set: each member on a GPU of its own (asked once, over gloo)."""
+    if info.nccl_usable is None:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        mine = str(getattr(props, "uuid", "")) or f"{props.pci_bus_id}:{props.pci_device_id}"
+        gpus: list[Any] = [None] * info.size
+        dist.all_gather_object(gpus, mine, group=info.gloo)
+        info.nccl_usable = len(set(gpus)) == info.size
+        if not info.nccl_usable and info.index == 0:
+            warnings.warn(
+                f"hora.torch: ranks {list(info.ranks)} share GPUs, which NCCL refuses; their CUDA "
+                "collectives go through gloo and host memory (slower). Give each rank its own "
+                "GPU, e.g. torch.cuda.set_device(hvd.local_rank()), for NCCL.",
+                stacklevel=2,
+            )
+    return info.nccl_usable
+
+
+def _collective(
+    names: list[str],
+    kind: str,
+    info: GroupInfo,
+    device: str,
+    fn: Any,
+    out: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> None:
+    """`fn(out, *args, group=...)` on the set's backend; `out` is the tensor the call writes."""
+    staged = device == "cuda" and (info.nccl is None or not _nccl_usable(info))
+    phase = f"{'NCCL' if device == 'cuda' and not staged else 'GLOO'}_{kind.upper()}"
+    _begin(names, phase)
+    if staged:
+        host = [a.cpu() if isinstance(a, torch.Tensor) else a for a in (out, *args)]
+        fn(*host, group=info.gloo, **kwargs)
+        out.copy_(host[0])
+    else:
+        fn(out, *args, group=info.nccl if device == "cuda" else info.gloo, **kwargs)
+    stats[f"{kind}_calls"] += 1
+    if device == "cuda":
+        stats["cuda_staged_calls" if staged else "cuda_nccl_calls"] += 1
+    _end(names, phase)
 
 
 def _allreduce(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
     ref = bucket.entries[0].ref
     names = [e.name for e in bucket.entries]
-    group = info.group(device)
     inputs = _local_tensors(bucket, ops, device)
     outputs: list[list[Any]] = [[None] * len(ts) for ts in inputs]
     by_dtype: dict[torch.dtype, list[tuple[int, int, torch.Tensor]]] = {}
@@ -177,11 +232,10 @@ def _allreduce(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, devic
                 offset += t.numel()
         scale_(work, ref.prescale)
         _end(names, "MEMCPY_IN_FUSION_BUFFER")
-        if group is not None:
-            _begin(names, _backend(ALLREDUCE, device))
-            dist.all_reduce(work, op=_REDUCE_OPS[ref.op], group=group)
-            stats["allreduce_calls"] += 1
-            _end(names, _backend(ALLREDUCE, device))
+        if info.size > 1:
+            _collective(
+                names, ALLREDUCE, info, device, dist.all_reduce, work, op=_REDUCE_OPS[ref.op]
+            )
         scale_(work, post)
         _begin(names, "MEMCPY_OUT_FUSION_BUFFER")
         if len(items) > 1 and wide == dtype:
@@ -237,7 +291,6 @@ def _row_bytes(shape: tuple[int, ...], dtype: str) -> int:
 
 def _allgather(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
     names = [e.name for e in bucket.entries]
-    group = info.group(device)
     inputs = _local_tensors(bucket, ops, device)
     # rows[r][k]: rows rank r contributes to the k-th tensor of the bucket (0 when joined).
     specs: list[tuple[int, int, str, tuple[int, ...]]] = []  # (entry, tensor, dtype, ref shape)
@@ -279,11 +332,8 @@ def _allgather(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, devic
                 send[o : o + t.numel() * t.element_size()].copy_(as_bytes(t))
     recv = torch.empty(seg * info.size, dtype=torch.uint8, device=dev)
     _end(names, "MEMCPY_IN_FUSION_BUFFER")
-    if group is not None and seg:
-        _begin(names, _backend(ALLGATHER, device))
-        dist.all_gather_into_tensor(recv, send, group=group)
-        stats["allgather_calls"] += 1
-        _end(names, _backend(ALLGATHER, device))
+    if info.size > 1 and seg:
+        _collective(names, ALLGATHER, info, device, dist.all_gather_into_tensor, recv, send)
     elif seg:
         recv.copy_(send)
     _begin(names, "MEMCPY_OUT_FUSION_BUFFER")
@@ -307,7 +357,6 @@ def _allgather(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, devic
 def _broadcast(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
     names = [e.name for e in bucket.entries]
     root = bucket.entries[0].ref.root
-    group = info.group(device)
     is_root = info.ranks[info.index] == root
     inputs = _local_tensors(bucket, ops, device)
     flat = [(i, j, t) for i, ts in enumerate(inputs) for j, t in enumerate(ts)]
@@ -322,11 +371,8 @@ def _broadcast(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, devic
     if len(flat) == 1:
         i, j, t = flat[0]
         out = target(i, t)
-        if group is not None and out.numel():
-            _begin(names, _backend(BROADCAST, device))
-            dist.broadcast(as_bytes(out), src=root, group=group)
-            stats["broadcast_calls"] += 1
-            _end(names, _backend(BROADCAST, device))
+        if info.size > 1 and out.numel():
+            _collective(names, BROADCAST, info, device, dist.broadcast, as_bytes(out), src=root)
         outputs[i][j] = out
     else:
         offsets, pos = [], 0
@@ -340,11 +386,8 @@ def _broadcast(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, devic
             for (_, _, t), o in zip(flat, offsets, strict=True):
                 buf[o : o + t.numel() * t.element_size()].copy_(as_bytes(t))
         _end(names, "MEMCPY_IN_FUSION_BUFFER")
-        if group is not None:
-            _begin(names, _backend(BROADCAST, device))
-            dist.broadcast(buf, src=root, group=group)
-            stats["broadcast_calls"] += 1
-            _end(names, _backend(BROADCAST, device))
+        if info.size > 1:
+            _collective(names, BROADCAST, info, device, dist.broadcast, buf, src=root)
         _begin(names, "MEMCPY_OUT_FUSION_BUFFER")
         for (i, j, t), o in zip(flat, offsets, strict=True):
             piece = buf[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
@@ -366,7 +409,6 @@ def _alltoall(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device
     (op,) = ops
     assert op is not None  # the coordinator refuses alltoall with joined ranks
     names = [entry.name]
-    group = info.group(device)
     me = info.ranks[info.index]
     outs: list[Any] = []
     for j, t in enumerate(op.tensors):
@@ -376,11 +418,18 @@ def _alltoall(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device
         sent = t.narrow(0, 0, sum(send_splits)) if t.dim() else t
         src = sent.reshape(-1).view(torch.uint8).view(sum(send_splits), rb) if rb else None
         out_bytes = torch.empty((sum(recv_splits), rb), dtype=torch.uint8, device=t.device)
-        if group is not None and src is not None:
-            _begin(names, _backend(ALLTOALL, device))
-            dist.all_to_all_single(out_bytes, src, recv_splits, send_splits, group=group)
-            stats["alltoall_calls"] += 1
-            _end(names, _backend(ALLTOALL, device))
+        if info.size > 1 and src is not None:
+            _collective(
+                names,
+                ALLTOALL,
+                info,
+                device,
+                dist.all_to_all_single,
+                out_bytes,
+                src,
+                recv_splits,
+                send_splits,
+            )
         elif src is not None:
             out_bytes.copy_(src)
         output = out_bytes.view(t.dtype).reshape((sum(recv_splits), *t.shape[1:]))
@@ -391,7 +440,6 @@ def _alltoall(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device
 def _reducescatter(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
     (entry,) = bucket.entries
     ref = entry.ref
-    group = info.group(device)
     names = [entry.name]
     (op,) = ops
     inputs = op.tensors if op is not None else _zeros_like_request(ref, device)
@@ -408,7 +456,7 @@ def _reducescatter(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, d
         me = info.index
         work = t.to(wide) if wide != dtype else t.clone()
         scale_(work, ref.prescale)
-        if group is not None:
+        if info.size > 1:
             chunk = base + (1 if extra else 0)
             if extra:
                 padded = torch.zeros((chunk * n, *t.shape[1:]), dtype=wide, device=t.device)
@@ -418,10 +466,16 @@ def _reducescatter(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, d
                     )
                 work = padded
             out = torch.empty((chunk, *t.shape[1:]), dtype=wide, device=t.device)
-            _begin(names, _backend(REDUCESCATTER, device))
-            dist.reduce_scatter_tensor(out, work, op=_REDUCE_OPS[ref.op], group=group)
-            stats["reducescatter_calls"] += 1
-            _end(names, _backend(REDUCESCATTER, device))
+            _collective(
+                names,
+                REDUCESCATTER,
+                info,
+                device,
+                dist.reduce_scatter_tensor,
+                out,
+                work,
+                op=_REDUCE_OPS[ref.op],
+            )
             out = out[: counts[me]]
         else:
             out = work

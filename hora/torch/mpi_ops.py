@@ -120,7 +120,11 @@ def _submit(
         nbytes=sum(t.numel() * t.element_size() for t in tensors),
         **fields,
     )
-    return engine.submit(Op(request, LocalOp(list(tensors), inplace), finish))
+    local = LocalOp(list(tensors), inplace)
+    if device == "cuda":  # the engine waits for the kernels queued so far on this stream
+        local.ready = torch.cuda.Event()
+        local.ready.record()
+    return engine.submit(Op(request, local, finish))
 
 
 def _first(outputs: list[Any]) -> Any:

@@ -168,7 +168,9 @@ def errors_local(r: int, n: int) -> None:
     expect_raises(ValueError, lambda: hvd.reducescatter(torch.tensor(1.0)))
     expect_raises(ValueError, lambda: hvd.reducescatter(torch.ones(4), op=hvd.Max))
     expect_raises(ValueError, lambda: hvd.allgather(torch.tensor(1.0)))
-    expect_raises(ValueError, lambda: hvd.alltoall(torch.ones(n + 1) if n > 1 else torch.ones(0)))
+    expect_raises(
+        ValueError, lambda: hvd.alltoall(torch.ones(n + 1) if n > 1 else torch.tensor(1.0))
+    )
     expect_raises(
         ValueError, lambda: hvd.alltoall(torch.ones(4), splits=torch.ones(n, dtype=torch.int64))
     )
