@@ -30,8 +30,9 @@ import hora
 
 
 def _calls_for(nbytes: int) -> int:
-    """Enough calls per timed round to last tens of milliseconds."""
-    return max(3, min(50, (64 << 20) // max(nbytes, 1) * 3 // 4))
+    """Enough calls per timed round to last a few hundred milliseconds, so that one scheduling
+    hiccup of a 2-core host does not decide a round."""
+    return max(5, min(100, (192 << 20) // max(nbytes, 1)))
 
 
 def _raw_out_of_place(t: object) -> object:

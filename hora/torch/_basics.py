@@ -21,7 +21,7 @@ import torch.distributed as dist
 from hora import _logs
 from hora.environment import placements
 from hora.timeline import _control as _timeline
-from hora.torch import _channel, _state
+from hora.torch import _channel, _shm, _state
 from hora.torch._common import NOT_INITIALIZED
 from hora.torch._engine import Engine, EngineConfig
 from hora.torch._execute import GroupInfo
@@ -114,7 +114,7 @@ def init(
     world = make_world(rank, size, wait)
     local_rank, local_size, cross_rank, cross_size = _placement(rank, size, world.gloo)
     groups: dict[int, GroupInfo] = {0: world}
-    engine = _start_engine(rank, size, groups, wait)
+    engine = _start_engine(rank, size, local_size == size, groups, wait)
     dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") in (
         "1",
         "true",
@@ -153,7 +153,9 @@ def make_world(rank: int, size: int, wait: timedelta) -> GroupInfo:
     return make_groups(list(range(size)), rank, wait)
 
 
-def _start_engine(rank: int, size: int, groups: dict[int, GroupInfo], wait: timedelta) -> Engine:
+def _start_engine(
+    rank: int, size: int, one_host: bool, groups: dict[int, GroupInfo], wait: timedelta
+) -> Engine:
     world = groups[0]
     config = EngineConfig(
         rank=rank,
@@ -193,9 +195,12 @@ def _start_engine(rank: int, size: int, groups: dict[int, GroupInfo], wait: time
             if mode == "store":
                 with contextlib.suppress(Exception):
                     store.delete_key(store_key)  # type: ignore[union-attr]
-        return Engine(config, groups, peers, None)
-    sock = _channel.connect(address, rank, key, config.timeout_s)
-    return Engine(config, groups, None, sock)
+        engine = Engine(config, groups, peers, None)
+    else:
+        sock = _channel.connect(address, rank, key, config.timeout_s)
+        engine = Engine(config, groups, None, sock)
+    world.local = _shm.connect(rank, size, one_host, token, key, world.gloo, config.timeout_s)
+    return engine
 
 
 def _default_store() -> Any:

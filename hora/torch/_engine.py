@@ -143,6 +143,9 @@ class Engine:
         # True while the engine thread sleeps with nothing queued: only then does a submission
         # pay for a wake-up (a syscall and a GIL hand-over); a busy thread re-reads the queue.
         self._idle = False
+        # Set by a caller that blocks on an operation: the worker sends what it holds now instead
+        # of waiting out the cycle, since that caller will submit nothing more until it returns.
+        self._flush = False
         self._thread = threading.Thread(target=self._main, name="hora-torch-engine", daemon=True)
         self._thread.start()
 
@@ -203,6 +206,9 @@ class Engine:
         op = self._handles.get(handle)
         if op is None:
             raise ValueError(f"Handle {handle} was not created or has been cleared.")
+        if not op.done and not self._flush:
+            self._flush = True
+            self._wake()
         op.wait()
         del self._handles[handle]
         if op.error is not None:
@@ -299,11 +305,12 @@ class Engine:
         stopping_since: float | None = None
         cycle = self.config.cycle_time_s
         while True:
+            flush, self._flush = self._flush, False  # read before the queue: none is missed
             for item in self._take_queue():
                 if not self._apply_control(item):
                     unsent.append(item)
             now = time.monotonic()
-            if unsent and (now - last_send >= cycle or _SHUTDOWN in unsent):
+            if unsent and (flush or now - last_send >= cycle or _SHUTDOWN in unsent):
                 if _th.recorder.enabled:
                     _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
                 ids = self._cache_ids  # a cached request travels as its id

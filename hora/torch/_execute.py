@@ -4,6 +4,9 @@ Every rank runs the same buckets in the same order, so the backend's order-match
 always meet. A bucket of one tensor is reduced where it lies (no fusion copy); a bucket of many is
 packed into one buffer, reduced once, and handed back as views of that buffer.
 
+CPU allreduces of a set whose ranks share one host go through shared memory (`_shm`), gloo's
+loopback TCP otherwise.
+
 CUDA tensors go through NCCL when every rank of the set has a GPU of its own; where ranks share a
 GPU (NCCL refuses that) or NCCL is missing, they go through gloo by way of host copies, as Horovod
 built without NCCL does.
@@ -56,6 +59,7 @@ class GroupInfo:
     gloo: Any = None  # a torch ProcessGroup, None when the set has one member
     nccl: Any = None
     nccl_usable: bool | None = None  # decided at the set's first CUDA collective
+    local: Any = None  # a _shm.LocalReducer when every member is on this host
 
     @property
     def size(self) -> int:
@@ -232,7 +236,13 @@ def _allreduce(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, devic
                 offset += t.numel()
         scale_(work, ref.prescale)
         _end(names, "MEMCPY_IN_FUSION_BUFFER")
-        if info.size > 1:
+        if info.size > 1 and device == "cpu" and info.local is not None:
+            _begin(names, "SHM_ALLREDUCE")
+            info.local.allreduce_(work, ref.op)
+            stats["allreduce_calls"] += 1
+            stats["shm_allreduce_calls"] += 1
+            _end(names, "SHM_ALLREDUCE")
+        elif info.size > 1:
             _collective(
                 names, ALLREDUCE, info, device, dist.all_reduce, work, op=_REDUCE_OPS[ref.op]
             )

@@ -71,6 +71,9 @@ def make_groups(ranks: Sequence[int], rank: int, timeout: timedelta) -> GroupInf
 
 
 def destroy_groups(info: GroupInfo) -> None:
+    if info.local is not None:
+        info.local.close()
+        info.local = None
     for group in (info.gloo, info.nccl):
         if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
             with contextlib.suppress(Exception):

@@ -44,7 +44,8 @@ def check_op(trace: Trace, rank: int, track: str, kind: str, tensor: str | None 
     assert op.args["tensor"] == (tensor or track)
     assert {"dtype", "shape", "bytes"} <= set(op.args), op.args
     inner = names(op.children)
-    assert f"GLOO_{kind}" in inner and set(inner) <= INNER | {f"GLOO_{kind}"}, inner
+    backend = f"{'SHM' if kind == 'ALLREDUCE' else 'GLOO'}_{kind}"  # the ranks share one host
+    assert backend in inner and set(inner) <= INNER | {backend}, inner
     previous_end = op.start
     for child in op.children:  # children follow one another, inside their parent
         assert previous_end <= child.start <= child.end <= op.end, (track, child)

@@ -97,6 +97,40 @@ def allreduce_scaling(r: int, n: int) -> None:
 
 
 @case
+def allreduce_path(r: int, n: int) -> None:
+    """One host: shared memory, unless HORA_SHM=0 keeps gloo."""
+    before = dict(_execute.stats)
+    hvd.allreduce(torch.ones(8), name="path")
+    shm = _execute.stats["shm_allreduce_calls"] - before.get("shm_allreduce_calls", 0)
+    on_gpu = torch.empty(0).is_cuda  # the CUDA rerun of these cases (tests/gpu)
+    assert shm == (0 if os.environ.get("HORA_SHM") == "0" or on_gpu else 1), shm
+    assert _execute.stats["allreduce_calls"] - before.get("allreduce_calls", 0) == 1
+
+
+@case
+def allreduce_large_and_identical(r: int, n: int) -> None:
+    """Larger than a shared-memory slot (chunked), odd-sized, and bitwise equal on every rank."""
+    from hora.torch import _shm
+
+    count = 2 * _shm.SLOT_BYTES // 8 + 1234  # float64: two full chunks and a ragged one
+
+    def values(k: int) -> torch.Tensor:  # rank k's tensor, made on the CPU, moved where tensors go
+        g = torch.Generator(device="cpu").manual_seed(100 + k)
+        made = torch.randn(count, dtype=torch.float64, generator=g, device="cpu")
+        return made.to(torch.empty(0).device)
+
+    x = values(r)
+    mine = [values(k) for k in range(n)]
+    got = hvd.allreduce(x, op=hvd.Sum, name="large")
+    assert torch.allclose(got, sum(mine), rtol=0, atol=1e-12)
+    rows = hvd.allgather(got[-5000:].unsqueeze(0), name="large.rows")
+    assert all(torch.equal(rows[0], row) for row in rows), "ranks got different sums"
+    xi = torch.arange(count, dtype=torch.int64) * (r + 1)
+    close(hvd.allreduce(xi, op=hvd.Max, name="large.max"), torch.arange(count) * n)
+    close(hvd.allreduce(xi, op=hvd.Min, name="large.min"), torch.arange(count))
+
+
+@case
 def allreduce_average_flag(r: int, n: int) -> None:
     x = torch.ones(2) * (r + 1)
     with warnings.catch_warnings(record=True) as caught:

@@ -7,6 +7,7 @@ their own.
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -19,17 +20,22 @@ from hora.errors import WorkerFailedError
 from tests.torch import _cases
 
 SIZES = (2, 3)
+# (ranks, HORA_SHM): one host uses shared memory for allreduce; "0" keeps gloo's path tested too.
+JOBS = ((2, "1"), (3, "1"), (2, "0"))
 
 
 @pytest.fixture(scope="module")
-def outcomes() -> dict[int, list[dict[str, str]]]:
-    return {np: hora.run(_cases.run_all, np=np) for np in SIZES}
+def outcomes() -> dict[tuple[int, str], list[dict[str, str]]]:
+    return {(np, shm): hora.run(_cases.run_all, np=np, env={"HORA_SHM": shm}) for np, shm in JOBS}
 
 
-@pytest.mark.parametrize("np", SIZES)
+@pytest.mark.parametrize("job", JOBS, ids=[f"np{np}-shm{shm}" for np, shm in JOBS])
 @pytest.mark.parametrize("case", list(_cases.CASES))
-def test_case(outcomes: dict[int, list[dict[str, str]]], case: str, np: int) -> None:
-    per_rank = outcomes[np]
+def test_case(
+    outcomes: dict[tuple[int, str], list[dict[str, str]]], case: str, job: tuple[int, str]
+) -> None:
+    np = job[0]
+    per_rank = outcomes[job]
     assert len(per_rank) == np
     failures = {r: o[case] for r, o in enumerate(per_rank) if o.get(case) != "ok"}
     assert not failures, "\n".join(f"rank {r}: {text}" for r, text in failures.items())
@@ -108,3 +114,9 @@ def test_world_of_one_without_launcher() -> None:
 
 def test_reuses_a_user_initialised_default_group() -> None:
     assert hora.run(_cases.user_initialised, np=2) == [([2.0, 2.0], 2.0, True)] * 2
+
+
+def test_shared_memory_is_gone_once_ranks_have_mapped_it(outcomes) -> None:
+    """The segment is unlinked during init: finished (or killed) jobs leave nothing behind."""
+    assert outcomes  # the jobs above have run
+    assert not glob.glob("/dev/shm/hora-*")
