@@ -1,18 +1,21 @@
 """hvd.allreduce against raw torch.distributed.all_reduce: throughput on 2 ranks, same run.
 
-Both sides run in the same hora job, on the same gloo transport over 127.0.0.1, alternating
-rounds so that load drifts hit both. Like is compared with like (all with Sum):
+Both sides run in the same hora job over 127.0.0.1, alternating rounds so that load drifts hit
+both. Like is compared with like (all with Sum):
 
 - in place: `hvd.allreduce_(x)` against `dist.all_reduce(x)`;
 - out of place: `hvd.allreduce(x)` against `out = x.clone(); dist.all_reduce(out)`, the raw
   equivalent (a fresh output must be allocated and page-faulted on both sides).
 
-What remains between the two of a pair is hora's own cost: name matching with the coordinator,
-the engine thread, the hand-off. Throughput is algorithm bandwidth: tensor bytes / seconds per
-call. `--gc-freeze` moves the objects made so far out of the collector's sight in this bench's
+Both ranks share this host, so hora's allreduce goes through shared memory while raw
+torch.distributed goes through gloo's loopback TCP: the default run measures what a user on one
+machine gets. `--no-shm` (HORA_SHM=0) puts hora on gloo too, as between hosts; what remains
+between the two of a pair is then hora's own cost: name matching with the coordinator, the engine
+thread, the hand-off. Throughput is algorithm bandwidth: tensor bytes / seconds per call.
+`--gc-freeze` moves the objects made so far out of the collector's sight in this bench's
 processes (the library never touches interpreter settings).
 
-    .venv/bin/python bench/allreduce.py [--sizes-mb 1 16 64] [--rounds 7]
+    .venv/bin/python bench/allreduce.py [--sizes-mb 1 16 64] [--rounds 7] [--no-shm]
 """
 
 from __future__ import annotations
@@ -133,8 +136,14 @@ def main() -> None:
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[1, 16, 64])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--gc-freeze", action="store_true")
+    parser.add_argument(
+        "--no-shm",
+        action="store_true",
+        help="HORA_SHM=0: hora's allreduce on gloo too, as between hosts (like for like)",
+    )
     args = parser.parse_args()
-    results = hora.run(worker, (args.sizes_mb, args.rounds, args.gc_freeze), np=2)[0]
+    env = {"HORA_SHM": "0"} if args.no_shm else {}
+    results = hora.run(worker, (args.sizes_mb, args.rounds, args.gc_freeze), np=2, env=env)[0]
     pairs = [
         ("in place", "raw in place", "hvd.allreduce_"),
         ("out of place", "raw clone+all_reduce", "hvd.allreduce"),

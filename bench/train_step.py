@@ -8,7 +8,9 @@ Models: (a) an MLP of 50 small Linear layers (many small gradients: fusion matte
 small CNN. Scaling efficiency = samples/s on 2 ranks / (2 x samples/s on 1 process); the
 physical limit on a 2-core machine is 1.0 (2.0x).
 
-    .venv/bin/python bench/train_step.py [--steps 30] [--rounds 5] [--batch-size 32]
+hora's allreduce goes through shared memory here (one host); `--no-shm` keeps it on gloo, as DDP.
+
+    .venv/bin/python bench/train_step.py [--steps 30] [--rounds 5] [--batch-size 32] [--no-shm]
 """
 
 from __future__ import annotations
@@ -109,14 +111,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--models", nargs="+", default=["mlp50", "cnn"])
+    parser.add_argument(
+        "--no-shm",
+        action="store_true",
+        help="HORA_SHM=0: hora's allreduce on gloo too, as between hosts (like for like)",
+    )
     args = parser.parse_args()
     work = (args.steps, args.rounds, args.batch_size)
+    env = {"HORA_SHM": "0"} if args.no_shm else {}
     print(
         f"{'model':>6} {'hvd steps/s':>12} {'ddp steps/s':>12} {'hvd/ddp':>8} "
         f"{'no-comm steps/s':>16} {'1-proc steps/s':>15} {'scaling hvd':>12} {'scaling ddp':>12}"
     )
     for kind in args.models:
-        two = hora.run(distributed, (kind, *work), np=2)[0]
+        two = hora.run(distributed, (kind, *work), np=2, env=env)[0]
         one = hora.run(single, (kind, *work), np=1)[0]
         med = {k: statistics.median(v) for k, v in {**two["rates"], **one["rates"]}.items()}
         print(

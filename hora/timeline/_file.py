@@ -18,8 +18,10 @@ HEADER_NAME = "hora_timeline"
 _HEAD_BYTES = 512
 # A write is cut short by SIGKILL only between pages (the kernel checks for a fatal signal before
 # copying each page). Appends are therefore split into writes that stay within a page, or cross
-# one boundary with a single byte before it: a kill can tear a write only in that sub-microsecond
-# window. (No sequence of writes can grow a JSON array across a page with no window at all.)
+# one boundary with a single byte before it: a kill can tear a write only in that window, between
+# the first page and the next, which leaves the file ending in `,` (the summary reads such a file;
+# a viewer needs the comma made a `]`). No sequence of writes can grow a JSON value across a page
+# with no window at all: after a complete value only whitespace may follow.
 PIECE_BYTES = 4096  # the page size: what the kernel writes without a check for signals
 
 

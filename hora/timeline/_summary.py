@@ -47,7 +47,15 @@ class Summary:
 def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The events of a trace file (JSON array or `{"traceEvents": [...]}` object)."""
     with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+        text = f.read()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        # A writer killed inside the one write that crosses a page leaves `...,` (see _file.py).
+        torn = text.rstrip()
+        if not torn.endswith(","):
+            raise
+        data = json.loads(torn[:-1] + "]")
     if isinstance(data, dict):
         data = data.get("traceEvents", [])
     if not isinstance(data, list):

@@ -418,6 +418,9 @@ class Engine:
         """Apply the coordinator's decisions in order; True once the engine must stop."""
         rec = _th.recorder
         worker = self._coordinator is None
+        queued = rec.enabled
+        if queued:
+            self._record_queued(responses)
         for resp in responses:
             if isinstance(resp, Bucket):
                 if worker:
@@ -426,7 +429,7 @@ class Engine:
                             ref = e.ref
                             self._cache_ids[ref] = e.cache_id
                             self._cache_sigs[e.cache_id] = ref
-                self._run(resp)
+                self._run(resp, queued)
             elif isinstance(resp, CacheDrop):
                 if worker:
                     for cid in resp.ids:
@@ -454,20 +457,35 @@ class Engine:
                 return True
         return False
 
-    def _run(self, bucket: Bucket) -> None:
+    def _member(self, bucket: Bucket) -> bool:
         info = self.process_sets.get(bucket.process_set_id)
-        if info is None or info.index < 0:
+        return info is not None and info.index >= 0
+
+    def _record_queued(self, responses: list[Response | Shutdown]) -> None:
+        """The buckets of one response wait their turn on the data path: negotiation is over for
+        all of them now, and each one's QUEUE lasts until it runs."""
+        rec = _th.recorder
+        for resp in responses:
+            if isinstance(resp, Bucket) and self._member(resp):
+                kind = resp.kind.upper()
+                for e in resp.entries:
+                    rec.end(e.name, "NEGOTIATE_" + kind)
+                    rec.begin(e.name, kind)
+                    rec.begin(e.name, "QUEUE")
+
+    def _run(self, bucket: Bucket, queued: bool) -> None:
+        """Run a bucket; `queued`: its QUEUE phase was recorded and ends now."""
+        if not self._member(bucket):
             return
+        info = self.process_sets[bucket.process_set_id]
         with self._lock:
             ops = [
                 self._inflight.pop((bucket.process_set_id, e.name), None) for e in bucket.entries
             ]
         rec = _th.recorder
-        if rec.enabled:
-            kind = bucket.kind.upper()
+        if queued:
             for e in bucket.entries:
-                rec.end(e.name, "NEGOTIATE_" + kind)
-                rec.begin(e.name, kind)
+                rec.end(e.name, "QUEUE")
         try:
             run_bucket(bucket, [op.local if op is not None else None for op in ops], info)
         except Exception as exc:
@@ -477,7 +495,7 @@ class Engine:
                     op.complete(error=error)
             raise
         for entry, op in zip(bucket.entries, ops, strict=True):
-            if rec.enabled:
+            if queued:
                 ref = entry.ref
                 rec.end(
                     entry.name,

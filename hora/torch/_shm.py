@@ -28,7 +28,7 @@ from hora._channel import Connection
 from hora.torch._common import Average, Max, Min, Product, Sum
 
 SLOT_BYTES = 4 << 20  # per rank and half: 2 ranks map 16 MB in all
-MESH_TIMEOUT_S = 10.0  # every rank is alive by then (they just met in a gloo collective)
+MESH_TIMEOUT_S = 10.0  # for connecting: every rank is alive (they just met in a gloo collective)
 _RANK = struct.Struct("!I")
 _REDUCE = {
     Sum: torch.add,
@@ -153,6 +153,8 @@ def connect(
             peer.close()
         segment.close()
         return None
+    for peer in peers:
+        peer.settimeout(timeout)  # a barrier waits as long as a gloo collective would
     return LocalReducer(segment, rank, size, peers)
 
 

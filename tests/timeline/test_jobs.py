@@ -46,6 +46,7 @@ def check_op(trace: Trace, rank: int, track: str, kind: str, tensor: str | None 
     inner = names(op.children)
     backend = f"{'SHM' if kind == 'ALLREDUCE' else 'GLOO'}_{kind}"  # the ranks share one host
     assert backend in inner and set(inner) <= INNER | {backend}, inner
+    assert inner[0] == "QUEUE", inner  # negotiated, waiting for the data path
     previous_end = op.start
     for child in op.children:  # children follow one another, inside their parent
         assert previous_end <= child.start <= child.end <= op.end, (track, child)
@@ -87,7 +88,14 @@ def test_a_two_rank_job_writes_one_trace_where_the_driver_asked(
         regions = names(trace.track(rank, "regions (MainThread)"))
         assert regions == ["forward", "backward"] * 3 + ["decorated"]
     # Wall-clock timestamps: a collective cannot end on one rank before it began on the other.
-    calls = [trace.track(rank, "allreduce.probe.allreduce")[1].children[1] for rank in (0, 1)]
+    calls = [
+        next(
+            c
+            for c in trace.track(rank, "allreduce.probe.allreduce")[1].children
+            if c.name == "SHM_ALLREDUCE"
+        )
+        for rank in (0, 1)
+    ]
     assert calls[0].end >= calls[1].start and calls[1].end >= calls[0].start
     if engine_marks_cycles():
         assert {e["pid"] for e in trace.instants("CYCLE_START")} == {0, 1}

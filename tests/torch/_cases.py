@@ -13,6 +13,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -609,6 +610,35 @@ def peer_dies(path: str) -> str:
     os.replace(f"{path}.{r}.tmp", f"{path}.{r}")
     time.sleep(30)  # the launcher kills us once it has seen the death
     return outcome
+
+
+def peer_dies_in_shared_memory(path: str) -> str:
+    """The last rank dies inside the shared-memory barrier of an allreduce (after its own copy,
+    before the others' bytes came): the others are waiting there, and must raise."""
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    reducer = hvd_state().groups[0].local
+    assert reducer is not None, "this job should use shared memory"
+    if r == n - 1:
+        reducer._barrier = lambda: os._exit(3)  # die at exactly that point
+    start = time.monotonic()
+    try:
+        hvd.allreduce(torch.ones(1), name="orphan")
+        outcome = "no error"
+    except hvd.HorovodInternalError as e:
+        outcome = f"HorovodInternalError after {time.monotonic() - start:.1f}s: {e}"
+    with open(f"{path}.{r}.tmp", "w") as f:
+        f.write(outcome)
+    os.replace(f"{path}.{r}.tmp", f"{path}.{r}")
+    time.sleep(30)  # the launcher kills us once it has seen the death
+    return outcome
+
+
+def hvd_state() -> Any:
+    """hora.torch's state on this rank: the tests look inside."""
+    from hora.torch import _state
+
+    return _state.get()
 
 
 def fusion_threshold() -> dict[str, int]:

@@ -51,10 +51,12 @@ def test_peer_shutdown_fails_pending_ops(np: int) -> None:
 
 
 @pytest.mark.parametrize("np", SIZES)
-def test_dead_peer_raises_on_the_others(np: int, tmp_path) -> None:
+@pytest.mark.parametrize("where", ["negotiation", "shared memory"])
+def test_dead_peer_raises_on_the_others(np: int, where: str, tmp_path) -> None:
     path = str(tmp_path / "outcome")
+    job = _cases.peer_dies if where == "negotiation" else _cases.peer_dies_in_shared_memory
     with pytest.raises(WorkerFailedError):
-        hora.run(_cases.peer_dies, args=(path,), np=np)
+        hora.run(job, args=(path,), np=np)
     for r in range(np - 1):
         with open(f"{path}.{r}") as f:
             text = f.read()
