@@ -77,7 +77,8 @@ def worker_env(
 ) -> dict[str, str]:
     """A worker's whole environment: `base` (the launcher's own), the contract, then `user_env`.
 
-    Thread counts and the gloo interface are defaults: a value already in `base` is kept.
+    Thread counts, the OpenMP wait policy and the gloo interface are defaults: a value already in
+    `base` is kept.
     """
     p = placement
     env = dict(os.environ if base is None else base)
@@ -105,6 +106,10 @@ def worker_env(
     threads = str(threads_per_rank(p.local_size, cores))
     for name in THREAD_VARS:
         env.setdefault(name, threads)
+    # OpenMP workers that spin after each op hold the cores that communication threads need: on a
+    # 16-core host hvd.DistributedOptimizer ran at 0.24x-0.33x DDP with spinning, 0.91x-1.00x
+    # with PASSIVE (bench/README.md); DDP itself was no slower.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if master_addr in ("127.0.0.1", "localhost"):
         # gloo otherwise resolves the hostname, which may point at an external interface.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -45,6 +45,9 @@ def test_threads_default_to_cores_per_local_rank():
     envs = hora.run(_workers.env_contract, np=2)
     expected = str(max(1, (os.cpu_count() or 1) // 2))
     assert [e["OMP_NUM_THREADS"] for e in envs] == [expected, expected]
+    assert [e["OMP_WAIT_POLICY"] for e in envs] == ["PASSIVE", "PASSIVE"]
+    mine = hora.run(_workers.env_contract, np=1, env={"OMP_WAIT_POLICY": "ACTIVE"})
+    assert mine[0]["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice wins
 
 
 def test_init_process_group_needs_no_arguments():

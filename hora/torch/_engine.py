@@ -146,8 +146,13 @@ class Engine:
         # Set by a caller that blocks on an operation: the worker sends what it holds now instead
         # of waiting out the cycle, since that caller will submit nothing more until it returns.
         self._flush = False
+        self._single_threaded = threading.Event()
+        threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._main, name="hora-torch-engine", daemon=True)
         self._thread.start()
+        # torch's setting is global as well as per thread: give it back to every other thread.
+        self._single_threaded.wait(10.0)
+        torch.set_num_threads(threads)
 
     # ----- caller's thread -------------------------------------------------------------------
     def generated_name(self, kind: str, process_set_id: int) -> str:
@@ -241,6 +246,11 @@ class Engine:
     # ----- engine thread ---------------------------------------------------------------------
     def _main(self) -> None:
         torch.set_grad_enabled(False)  # the engine moves data; autograd lives in the caller
+        # One intra-op thread: with OpenMP, a thread's parallel ops get a team of their own, whose
+        # spinning workers would fight the training thread's team for the cores (hvd ran at 0.2x
+        # to 0.5x DDP on a 16-core host); the engine's copies and sums are small.
+        torch.set_num_threads(1)
+        self._single_threaded.set()
         try:
             if self._coordinator is not None:
                 self._run_coordinator()
