@@ -247,8 +247,8 @@ class Engine:
     def _main(self) -> None:
         torch.set_grad_enabled(False)  # the engine moves data; autograd lives in the caller
         # One intra-op thread: with OpenMP, a thread's parallel ops get a team of their own, whose
-        # spinning workers would fight the training thread's team for the cores (hvd ran at 0.2x
-        # to 0.5x DDP on a 16-core host); the engine's copies and sums are small.
+        # workers would compete with the training thread's team for the cores; the engine's
+        # copies and sums are small (Horovod's background thread is single-threaded too).
         torch.set_num_threads(1)
         self._single_threaded.set()
         try:
