@@ -106,12 +106,19 @@ def connect(
     path = f"/dev/shm/hora-{token.hex()}"
     listener: socket.socket | None = None
     segment: mmap.mmap | None = None
-    ok = one_host and os.environ.get("HORA_SHM", "1") != "0" and hasattr(socket, "AF_UNIX")
+    ok = (
+        one_host
+        and os.environ.get("HORA_SHM", "1") != "0"
+        and hasattr(socket, "AF_UNIX")
+        and hasattr(os, "posix_fallocate")
+    )
     try:
         if ok and rank == 0:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
-                os.ftruncate(fd, nbytes)
+                # Reserve the pages now: a small /dev/shm (a container's 64 MB) must fail here,
+                # not with SIGBUS at the first write beyond what tmpfs can hold.
+                os.posix_fallocate(fd, 0, nbytes)
             finally:
                 os.close(fd)
         if ok:
