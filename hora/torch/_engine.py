@@ -143,8 +143,9 @@ class Engine:
         # True while the engine thread sleeps with nothing queued: only then does a submission
         # pay for a wake-up (a syscall and a GIL hand-over); a busy thread re-reads the queue.
         self._idle = False
-        # Set by a caller that blocks on an operation: the worker sends what it holds now instead
-        # of waiting out the cycle, since that caller will submit nothing more until it returns.
+        # Set by a caller that blocks on an operation: a worker rank sends what it holds now
+        # instead of waiting out the cycle, since that caller will submit nothing more until it
+        # returns. (Rank 0 hands its requests to the coordinator at once: it never holds any.)
         self._flush = False
         self._single_threaded = threading.Event()
         threads = torch.get_num_threads()
@@ -211,7 +212,7 @@ class Engine:
         op = self._handles.get(handle)
         if op is None:
             raise ValueError(f"Handle {handle} was not created or has been cleared.")
-        if not op.done and not self._flush:
+        if self._coordinator is None and not op.done and not self._flush:
             self._flush = True
             self._wake()
         op.wait()

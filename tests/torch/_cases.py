@@ -13,12 +13,11 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 import hora.torch as hvd
-from hora.torch import _execute
+from hora.torch import _execute, _state
 
 CASES: dict[str, Callable[[int, int], None]] = {}
 
@@ -599,17 +598,7 @@ def peer_dies(path: str) -> str:
     if r == n - 1:
         time.sleep(0.2)
         os._exit(3)
-    start = time.monotonic()
-    try:
-        hvd.allreduce(torch.ones(1), name="orphan")
-        outcome = "no error"
-    except hvd.HorovodInternalError as e:
-        outcome = f"HorovodInternalError after {time.monotonic() - start:.1f}s: {e}"
-    with open(f"{path}.{r}.tmp", "w") as f:
-        f.write(outcome)
-    os.replace(f"{path}.{r}.tmp", f"{path}.{r}")
-    time.sleep(30)  # the launcher kills us once it has seen the death
-    return outcome
+    return _outlive_dead_peer(path, r)
 
 
 def peer_dies_in_shared_memory(path: str) -> str:
@@ -617,10 +606,15 @@ def peer_dies_in_shared_memory(path: str) -> str:
     before the others' bytes came): the others are waiting there, and must raise."""
     hvd.init()
     r, n = hvd.rank(), hvd.size()
-    reducer = hvd_state().groups[0].local
+    reducer = _state.get().groups[0].local
     assert reducer is not None, "this job should use shared memory"
     if r == n - 1:
         reducer._barrier = lambda: os._exit(3)  # die at exactly that point
+    return _outlive_dead_peer(path, r)
+
+
+def _outlive_dead_peer(path: str, r: int) -> str:
+    """A surviving rank: allreduce with the dead one, write what happened, wait to be stopped."""
     start = time.monotonic()
     try:
         hvd.allreduce(torch.ones(1), name="orphan")
@@ -632,13 +626,6 @@ def peer_dies_in_shared_memory(path: str) -> str:
     os.replace(f"{path}.{r}.tmp", f"{path}.{r}")
     time.sleep(30)  # the launcher kills us once it has seen the death
     return outcome
-
-
-def hvd_state() -> Any:
-    """hora.torch's state on this rank: the tests look inside."""
-    from hora.torch import _state
-
-    return _state.get()
 
 
 def fusion_threshold() -> dict[str, int]:
