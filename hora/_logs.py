@@ -8,6 +8,7 @@ import hmac
 from collections.abc import Callable
 
 from hora._channel import Connection
+from hora.job.protocol import Output
 
 _channel: Connection | None = None
 _rank: int | None = None
@@ -54,4 +55,4 @@ def log_to_driver(message: str) -> None:
     if _channel is None:
         print(message, flush=True)
         return
-    _channel.send(("output", _rank, "log", str(message)))
+    _channel.send(Output(_rank, "log", str(message)))  # type: ignore[arg-type]

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from hora._job import Job
 from hora._payload import dumps_job
 from hora.config import Backend, RunConfig, Verbosity
+from hora.job.driver import Attempt, Job
+from hora.job.group import WorkerGroup
 from hora.launchers import make_launcher
 
 
@@ -17,6 +18,8 @@ class Runner:
     `np < 0` runs `-np` worker processes on this machine; `np > 0` runs a Spark barrier stage of
     `np` tasks on the active SparkSession. `driver_log_verbosity="all"` streams every rank's
     output to the driver; `"log_callback_only"` only what the workers send with `log_to_driver`.
+    `max_restarts=N` restarts every rank up to N times when one fails (load your last checkpoint
+    at the start of `main`: see `hora.checkpoint`).
     """
 
     def __init__(
@@ -27,6 +30,7 @@ class Runner:
         start_timeout: float = 600,
         timeout: float | None = None,
         env: Mapping[str, str] | None = None,
+        max_restarts: int = 0,
     ):
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be an int, got {np!r}")
@@ -43,6 +47,7 @@ class Runner:
             start_timeout=start_timeout,
             timeout=timeout,
             env=dict(env or {}),
+            max_restarts=max_restarts,
         )
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
@@ -64,10 +69,12 @@ def run(
     start_timeout: float = 600,
     timeout: float | None = None,
     driver_log_verbosity: Verbosity = "all",
+    max_restarts: int = 0,
 ) -> list[Any]:
     """Run `fn(*args, **kwargs)` on `np` processes; return every rank's value in rank order.
 
     `backend="auto"` uses Spark when a SparkSession is active, else local processes.
+    `max_restarts=N` restarts every rank up to N times when one fails.
     """
     config = RunConfig(
         np=np,
@@ -76,6 +83,7 @@ def run(
         start_timeout=start_timeout,
         timeout=timeout,
         env=dict(env or {}),
+        max_restarts=max_restarts,
     )
     return _launch(fn, tuple(args), dict(kwargs or {}), config, collect_all=True)
 
@@ -107,4 +115,10 @@ def _launch(
     if not callable(fn):
         raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
     payload = dumps_job(fn, args, kwargs)
-    return Job(config, payload, make_launcher(config, use_gpu=use_gpu), collect_all).run()
+    first = make_launcher(config, use_gpu=use_gpu)  # checks the engine before anything starts
+
+    def new_group(attempt: Attempt, env: Mapping[str, str]) -> WorkerGroup:
+        launcher = first if attempt.index == 0 else make_launcher(config, use_gpu, restart=True)
+        return WorkerGroup(config.np, launcher, env)
+
+    return Job(config, payload, new_group, collect_all).run()

@@ -25,6 +25,7 @@ class RunConfig:
     start_timeout: float = 600.0
     timeout: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np <= 0:
@@ -39,6 +40,15 @@ class RunConfig:
         _check_seconds("start_timeout", self.start_timeout)
         if self.timeout is not None:
             _check_seconds("timeout", self.timeout)
+        if (
+            isinstance(self.max_restarts, bool)
+            or not isinstance(self.max_restarts, int)
+            or self.max_restarts < 0
+        ):
+            raise ValueError(
+                "max_restarts must be an int >= 0 (how many times a failed run is restarted), "
+                f"got {self.max_restarts!r}"
+            )
         bad = {k: v for k, v in dict(self.env).items() if not (_is_str(k) and _is_str(v))}
         if bad:
             raise ValueError(f"env must map str to str; fix these entries: {bad!r}")

@@ -26,6 +26,7 @@ from typing import Any
 
 from hora import _channel
 from hora.config import RunConfig
+from hora.job.protocol import EngineFailed, Exited, Go, Output, Refuse, Stop, TaskReady
 from hora.launchers import _spark_checks
 from hora.launchers._base import LaunchContext, Launcher
 from hora.launchers._rendezvous import host_store
@@ -49,7 +50,7 @@ class SparkLauncher(Launcher):
 
     multi_host = True
 
-    def __init__(self, config: RunConfig, use_gpu: bool | None = None):
+    def __init__(self, config: RunConfig, use_gpu: bool | None = None, restart: bool = False):
         sc = active_spark_context()
         if sc is None:
             raise RuntimeError(
@@ -60,9 +61,12 @@ class SparkLauncher(Launcher):
         _spark_checks.check_ssl(sc)
         _spark_checks.check_dynamic_allocation(sc)
         self.use_gpu = _spark_checks.resolve_use_gpu(sc, use_gpu)
-        _spark_checks.check_slots(
-            sc, config.np, wait=min(config.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
-        )
+        if restart:  # a lost executor is being replaced: wait for it, up to start_timeout
+            _spark_checks.check_slots(sc, config.np, wait=config.start_timeout, settle=None)
+        else:
+            _spark_checks.check_slots(
+                sc, config.np, wait=min(config.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
+            )
         self.sc = sc
         self.channel_host = sc.getConf().get("spark.driver.host") or "127.0.0.1"
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
@@ -110,7 +114,7 @@ class SparkLauncher(Launcher):
         except Exception as exc:
             if not self._stopping.is_set():
                 rank = self._first_running_rank()
-                self._report("engine_failed", rank, "the Spark stage failed", _spark_error(exc))
+                self._report(EngineFailed(rank, "the Spark stage failed", _spark_error(exc)))
         finally:
             sc.removeJobTag(self.tag)
 
@@ -123,13 +127,12 @@ class SparkLauncher(Launcher):
             if message is None:
                 self._closed(conn)
                 continue
-            kind, rank, *body = message
-            if kind == "task":
-                self._register(conn, rank, body[0])
-            elif kind in ("output", "exit") and conn.peer == rank:
-                if kind == "exit":
-                    self._exited.add(rank)
-                self._report(kind, rank, *body)
+            if isinstance(message, TaskReady):
+                self._register(conn, message.rank, message.info)
+            elif isinstance(message, Output | Exited) and conn.peer == message.rank:
+                if isinstance(message, Exited):
+                    self._exited.add(message.rank)
+                self._report(message)
 
     def _register(self, conn: _channel.Connection, rank: int, info: dict[str, Any]) -> None:
         if not (isinstance(rank, int) and 0 <= rank < self._np):
@@ -143,9 +146,9 @@ class SparkLauncher(Launcher):
                 "half-finished training. Fix the first failure and run again."
             )
             with contextlib.suppress(OSError):
-                conn.send(("refuse", reason))
+                conn.send(Refuse(reason))
             if not self._stopping.is_set():
-                self._report("engine_failed", rank, "Spark re-attempted the task", reason)
+                self._report(EngineFailed(rank, "Spark re-attempted the task", reason))
             return
         conn.peer = rank
         with self._lock:
@@ -161,22 +164,23 @@ class SparkLauncher(Launcher):
             }
             for r in range(self._np):
                 with contextlib.suppress(OSError):
-                    self._supervisors[r].send(("go", plan))
+                    self._supervisors[r].send(Go(plan))
 
     def _closed(self, conn: _channel.Connection) -> None:
         rank = conn.peer
         if rank is None or rank in self._exited or self._stopping.is_set():
             return
         self._report(
-            "engine_failed",
-            rank,
-            "its Spark task ended before its worker exited (executor lost, or task killed)",
-            "",
+            EngineFailed(
+                rank,
+                "its Spark task ended before its worker exited (executor lost, or task killed)",
+                "",
+            )
         )
 
-    def _report(self, *message: Any) -> None:
+    def _report(self, message: EngineFailed | Output | Exited) -> None:
         if self._ctx is not None:
-            self._ctx.report(*message)
+            self._ctx.report(message)
 
     def _first_running_rank(self) -> int:
         return next((r for r in range(self._np) if r not in self._exited), 0)
@@ -189,7 +193,7 @@ class SparkLauncher(Launcher):
             everyone_started = len(self._tasks) == self._np
         for conn in supervisors:
             with contextlib.suppress(OSError):
-                conn.send(("stop",))
+                conn.send(Stop())
         stage = self._threads[1] if len(self._threads) > 1 else None
         if stage is not None:
             if everyone_started:
