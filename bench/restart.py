@@ -1,0 +1,134 @@
+"""Restart latency: from a rank's SIGKILL to the end of the next attempt's first training step.
+
+Local: the same script (`bench/restart_train.py`, checkpoint every 5 steps, rank 1 killed at step
+17, resumed from the step-15 checkpoint) under `hora run -np 2 --max-restarts 1` and under
+`python -m torch.distributed.run --standalone --nproc-per-node 2 --max-restarts 1`, alternating.
+Spark (`--spark`, `local-cluster[2,1,1024]`): `Runner(np=2, max_restarts=1)` restarting by itself,
+against what a user does without it: the run fails (`max_restarts=0`), and a fresh `Runner.run`
+resumes from the same checkpoint at once. Prints medians, the ratio, and where the time went
+(kill -> new process started -> checkpoint loaded -> first step done).
+
+    .venv/bin/python bench/restart.py [--reps 3] [--spark]
+
+Everything binds to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "restart_train.py"
+sys.path.insert(0, str(HERE))
+
+
+def measure(folder: Path) -> dict[str, float]:
+    """Seconds from the kill to: the new rank 0 process, its checkpoint loaded, its first step."""
+    kill = json.loads((folder / "kill.json").read_text())["time"]
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    after = [e for e in events if e["start"] > 0]
+    assert len(after) == 1, f"expected one resumed attempt, got {events}"
+    e = after[0]
+    assert e["start"] == 16, e  # resumed after the step-15 checkpoint
+    return {
+        "total": e["first_step"] - kill,
+        "to process": e["created"] - kill,
+        "to loaded": e["loaded"] - kill,
+    }
+
+
+def run_command(command: list[str], folder: Path) -> dict[str, float]:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[:4]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return measure(folder)
+
+
+def hora_local(folder: Path) -> dict[str, float]:
+    command = [sys.executable, "-m", "hora", "run", "-np", "2", "--max-restarts", "1"]
+    return run_command([*command, str(SCRIPT), str(folder)], folder)
+
+
+def torchrun_local(folder: Path) -> dict[str, float]:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "--max-restarts", "1", "--master-addr", "127.0.0.1"]
+    return run_command([*command, str(SCRIPT), str(folder)], folder)
+
+
+def hora_spark_restart(folder: Path) -> dict[str, float]:
+    import restart_train
+
+    import hora
+
+    hora.Runner(np=2, max_restarts=1).run(restart_train.main, folder=str(folder))
+    return measure(folder)
+
+
+def hora_spark_fresh(folder: Path) -> dict[str, float]:
+    import restart_train
+
+    import hora
+
+    # The run fails (what the user sees); they run it again, from the same checkpoint.
+    with contextlib.suppress(hora.WorkerFailedError):
+        hora.Runner(np=2).run(restart_train.main, folder=str(folder))
+    hora.Runner(np=2).run(restart_train.main, folder=str(folder))
+    return measure(folder)
+
+
+def compare(name_a: str, a: Callable, name_b: str, b: Callable, reps: int) -> None:
+    runs: dict[str, list[dict[str, float]]] = {name_a: [], name_b: []}
+    for rep in range(reps):
+        for name, fn in ((name_a, a), (name_b, b)):  # alternating: load drifts hit both
+            with tempfile.TemporaryDirectory(prefix="hora-restart-") as tmp:
+                figures = fn(Path(tmp))
+            runs[name].append(figures)
+            parts = ", ".join(f"{k} {v:.2f} s" for k, v in figures.items())
+            print(f"  rep {rep + 1}: {name}: {parts}", flush=True)
+    medians = {}
+    for name, figures in runs.items():
+        medians[name] = {k: statistics.median(f[k] for f in figures) for k in figures[0]}
+        parts = ", ".join(f"{k} {v:.2f} s" for k, v in medians[name].items())
+        print(f"{name}: median over {reps}: {parts}")
+    ratio = medians[name_a]["total"] / medians[name_b]["total"]
+    print(f"ratio {name_a} / {name_b}: {ratio:.2f}x (kill -> first step of the next attempt)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--spark", action="store_true", help="the Spark comparison instead")
+    ns = parser.parse_args()
+    if not ns.spark:
+        print("local, 2 ranks:")
+        compare("hora run", hora_local, "torchrun", torchrun_local, ns.reps)
+        return
+    from launch_spark import spark_session
+
+    session = spark_session("local-cluster[2,1,1024]")
+    try:
+        hora_spark_restart(Path(tempfile.mkdtemp(prefix="hora-restart-warmup-")))  # warm up
+        print("Spark local-cluster[2,1,1024], 2 ranks:")
+        compare("max_restarts=1", hora_spark_restart, "fresh Runner.run", hora_spark_fresh, ns.reps)
+    finally:
+        session.stop()
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    main()
