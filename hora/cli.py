@@ -1,6 +1,6 @@
 """`hora run -np N ...`: horovodrun's and torchrun's command line, as a thin adapter over run().
 
-    hora run -np 2 train.py --lr 0.1          a Python script (as today)
+    hora run -np 2 train.py --lr 0.1          a Python script
     hora run -np 2 python train.py --lr 0.1   the same, horovodrun's way
     hora run -np 2 -m package.module ...      a module, as `python -m` runs it
     hora run -np 2 ./run.sh ...               any executable, as a child of each rank
