@@ -19,6 +19,7 @@ from typing import Any
 import cloudpickle
 
 from hora import _channel, environment
+from hora._output_files import OutputFiles
 from hora.config import RunConfig
 from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.launchers import LaunchContext, Launcher
@@ -55,8 +56,11 @@ class Job:
         self.tails: dict[int, deque[str]] = {r: deque(maxlen=TAIL_LINES) for r in range(config.np)}
         self.stopping = False
         self.timeline = DriverTimeline()  # ranks send ("timeline", rank, path, events)
+        self.output_files: OutputFiles | None = None
 
     def run(self) -> list[Any]:
+        if self.config.output_filename:  # before anything starts: a bad folder is a ValueError
+            self.output_files = OutputFiles(self.config.output_filename, self.config.np)
         secret = _channel.new_secret()
         server = _channel.Server(secret, self.events, host=self.launcher.channel_host)
         env = environment.driver_env() | dict(self.config.env)
@@ -70,6 +74,8 @@ class Job:
             server.close()
             self._drain()
             self.timeline.close()
+            if self.output_files is not None:
+                self.output_files.close()
         return [
             None if self.results[r] is None else cloudpickle.loads(self.results[r])
             for r in range(self.config.np)
@@ -153,6 +159,8 @@ class Job:
 
     def _output(self, rank: int, stream: str, text: str) -> None:
         self.tails[rank].append(text)
+        if self.output_files is not None:
+            self.output_files.write(rank, stream, text)
         if self.config.driver_log_verbosity == "log_callback_only" and stream != "log":
             return
         host = self.started.get(rank)

@@ -24,6 +24,7 @@ import cloudpickle
 
 from hora import _channel, _logs
 from hora._payload import dumps_result
+from hora._script import CommandFailed
 
 BOOT_ENV_FLAG = "HORA_WORKER"
 _HORA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -43,6 +44,8 @@ def _is_launcher_frame(filename: str) -> bool:
 
 def _failure(rank: int, exc: BaseException) -> dict[str, Any]:
     """The failure as the user should read it: their traceback, without hora's frames on top."""
+    if isinstance(exc, CommandFailed):  # a child command: its output's tail tells the story
+        return {"rank": rank, "summary": str(exc), "traceback": "", "time": time.time()}
     tb = exc.__traceback__
     while (
         tb is not None

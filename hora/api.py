@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ class Runner:
     `np < 0` runs `-np` worker processes on this machine; `np > 0` runs a Spark barrier stage of
     `np` tasks on the active SparkSession. `driver_log_verbosity="all"` streams every rank's
     output to the driver; `"log_callback_only"` only what the workers send with `log_to_driver`.
+    `output_filename` is a folder where each rank's output also goes (horovodrun's option).
     """
 
     def __init__(
@@ -27,6 +29,7 @@ class Runner:
         start_timeout: float = 600,
         timeout: float | None = None,
         env: Mapping[str, str] | None = None,
+        output_filename: str | os.PathLike[str] | None = None,
     ):
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be an int, got {np!r}")
@@ -43,6 +46,7 @@ class Runner:
             start_timeout=start_timeout,
             timeout=timeout,
             env=dict(env or {}),
+            output_filename=_folder(output_filename),
         )
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
@@ -64,10 +68,12 @@ def run(
     start_timeout: float = 600,
     timeout: float | None = None,
     driver_log_verbosity: Verbosity = "all",
+    output_filename: str | os.PathLike[str] | None = None,
 ) -> list[Any]:
     """Run `fn(*args, **kwargs)` on `np` processes; return every rank's value in rank order.
 
     `backend="auto"` uses Spark when a SparkSession is active, else local processes.
+    `output_filename`: as horovod.run's, a folder that gets `rank.<rank>/stdout` and `stderr`.
     """
     config = RunConfig(
         np=np,
@@ -76,8 +82,14 @@ def run(
         start_timeout=start_timeout,
         timeout=timeout,
         env=dict(env or {}),
+        output_filename=_folder(output_filename),
     )
     return _launch(fn, tuple(args), dict(kwargs or {}), config, collect_all=True)
+
+
+def _folder(path: str | os.PathLike[str] | None) -> str | None:
+    """A path as RunConfig keeps it; anything else goes through for RunConfig to refuse."""
+    return os.fspath(path) if isinstance(path, os.PathLike) else path
 
 
 def _resolve_backend(backend: str) -> Backend:
