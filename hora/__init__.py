@@ -1,13 +1,15 @@
 """hora: run a single-machine training function on N processes, locally or on Apache Spark.
 
 `hora.Runner(np).run(main, **kwargs)` is HorovodRunner's contract, `hora.run(fn, ...)` is
-horovod.run's, `hora.torch` is Horovod's PyTorch API on torch.distributed.
+horovod.run's, `hora.torch` is Horovod's PyTorch API on torch.distributed, `hora.Checkpoint`
+(from hora.checkpoint) writes and finds training checkpoints.
 """
 
 from hora._logs import log_to_driver as log_to_driver
 from hora.api import HorovodRunner as HorovodRunner
 from hora.api import Runner as Runner
 from hora.api import run as run
+from hora.checkpoint import Checkpoint as Checkpoint
 from hora.errors import HoraError as HoraError
 from hora.errors import RunTimeoutError as RunTimeoutError
 from hora.errors import UnpicklableError as UnpicklableError
@@ -16,6 +18,7 @@ from hora.errors import WorkerFailedError as WorkerFailedError
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checkpoint",
     "HoraError",
     "HorovodRunner",
     "RunTimeoutError",

@@ -1,0 +1,245 @@
+"""Where checkpoint bytes live: a local (or mounted shared) directory, or a pyarrow filesystem.
+
+Both give the same four operations: list names, write a file atomically, open a file for
+reading, remove a file. The checkpoint logic above them never sees a path separator or a URI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import urllib.parse
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO, Protocol
+
+# A file being written is named `.<final name>.<pid>-<random>.tmp`: the leading dot and the suffix
+# keep it out of every listing of finished checkpoints, and the pid says who left it behind.
+TEMP_SUFFIX = ".tmp"
+
+# Filesystems that cannot fsync a directory (some FUSE and network mounts) say so with these;
+# there the rename is as durable as the filesystem makes it, and nothing more can be asked.
+_NO_DIRECTORY_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES, errno.EPERM}
+
+
+def temp_name(name: str) -> str:
+    return f".{name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+
+
+def is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+class Storage(Protocol):
+    """A directory of checkpoint files, local or remote."""
+
+    def describe(self, name: str | None = None) -> str:
+        """The directory (or one file in it) as the user would write it, for messages."""
+        ...
+
+    def prepare(self) -> None:
+        """Create the directory if needed and prove it can be written; raise saying why not."""
+        ...
+
+    def names(self) -> list[str]:
+        """Every file name in the directory; none when it does not exist yet."""
+        ...
+
+    def write_atomically(self, name: str, write: Callable[[BinaryIO], Any]) -> None:
+        """Have `write` fill a temporary file, then make it appear as `name` all at once."""
+        ...
+
+    def open_read(self, name: str) -> contextlib.AbstractContextManager[tuple[BinaryIO, int]]:
+        """A seekable binary file and its size."""
+        ...
+
+    def remove(self, name: str) -> None:
+        """Remove a file; one already gone is not an error."""
+        ...
+
+
+def open_storage(directory: str | os.PathLike[str], filesystem: Any = None) -> Storage:
+    """The storage for a path, a `file:` URI, or (with pyarrow) any URI pyarrow can open."""
+    if filesystem is not None:
+        return ArrowDirectory(filesystem, os.fspath(directory))
+    text = os.fspath(directory)
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"Checkpoint directory must be a non-empty path or URI, got {directory!r}")
+    parsed = urllib.parse.urlparse(text)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(
+                f"Checkpoint directory {text!r}: a file: URI names a path on this machine, "
+                f"not on host {parsed.netloc!r}; write file:///path or mount the share"
+            )
+        return LocalDirectory(urllib.parse.unquote(parsed.path))
+    if len(parsed.scheme) > 1 and "://" in text:  # "C:\\..." is a path, "hdfs://..." a URI
+        return ArrowDirectory.from_uri(text)
+    return LocalDirectory(text)
+
+
+class LocalDirectory:
+    """A directory on this machine's filesystem: a local disk, NFS, a /dbfs-style FUSE mount.
+
+    Temp file in the same directory (so the rename never crosses filesystems), flush and fsync
+    (the bytes are on disk before the name points at them), rename (the name appears whole),
+    fsync of the directory (the rename itself survives a crash).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(os.path.expanduser(path))
+
+    def describe(self, name: str | None = None) -> str:
+        return self.path if name is None else os.path.join(self.path, name)
+
+    def prepare(self) -> None:
+        if os.path.exists(self.path) and not os.path.isdir(self.path):
+            raise ValueError(
+                f"Checkpoint directory {self.path!r} is a file, not a directory; "
+                "give a directory path (it is created if missing)"
+            )
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            probe = os.path.join(self.path, temp_name("probe"))
+            with open(probe, "xb"):
+                pass
+            os.remove(probe)
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"Checkpoint directory {self.path!r} cannot be written ({e.strerror or e}); "
+                "give a directory this process may create files in",
+            ) from e
+
+    def names(self) -> list[str]:
+        try:
+            return os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+
+    def write_atomically(self, name: str, write: Callable[[BinaryIO], Any]) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        temp = os.path.join(self.path, temp_name(name))
+        try:
+            with open(temp, "xb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, os.path.join(self.path, name))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+            raise
+        self._sync_directory()
+
+    def _sync_directory(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        except OSError as e:
+            if e.errno not in _NO_DIRECTORY_SYNC:
+                raise
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def open_read(self, name: str) -> Iterator[tuple[BinaryIO, int]]:
+        with open(os.path.join(self.path, name), "rb") as f:
+            yield f, os.fstat(f.fileno()).st_size
+
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(self.path, name))
+
+
+class ArrowDirectory:
+    """A directory on a pyarrow filesystem (HDFS, S3, GCS, ...): for stores not mounted locally.
+
+    The same temp-then-move protocol; pyarrow has no fsync, so durability is what closing the
+    stream gives on that filesystem. Where a move is not atomic (object stores copy), the footer
+    still keeps a half-copied file from being read.
+    """
+
+    def __init__(self, filesystem: Any, path: str, uri: str | None = None) -> None:
+        self.fs = filesystem
+        self.path = path.rstrip("/") or "/"
+        self._uri = uri or path
+
+    @classmethod
+    def from_uri(cls, uri: str) -> ArrowDirectory:
+        try:
+            from pyarrow import fs
+        except ImportError as e:
+            raise ValueError(
+                f"Checkpoint directory {uri!r} is a URI; opening it needs pyarrow "
+                "(pip install pyarrow), or give a local or mounted path"
+            ) from e
+        try:
+            filesystem, path = fs.FileSystem.from_uri(uri)
+        except (ValueError, OSError) as e:
+            raise ValueError(f"Checkpoint directory {uri!r}: pyarrow cannot open it ({e})") from e
+        return cls(filesystem, path, uri)
+
+    def _join(self, name: str) -> str:
+        return f"{self.path.rstrip('/')}/{name}"
+
+    def describe(self, name: str | None = None) -> str:
+        return self._uri if name is None else f"{self._uri.rstrip('/')}/{name}"
+
+    def prepare(self) -> None:
+        from pyarrow import fs
+
+        info = self.fs.get_file_info(self.path)
+        if info.type == fs.FileType.File:
+            raise ValueError(
+                f"Checkpoint directory {self._uri!r} is a file, not a directory; "
+                "give a directory (it is created if missing)"
+            )
+        try:
+            if info.type == fs.FileType.NotFound:
+                self.fs.create_dir(self.path, recursive=True)
+            probe = self._join(temp_name("probe"))
+            with self.fs.open_output_stream(probe):
+                pass
+            self.fs.delete_file(probe)
+        except OSError as e:
+            raise OSError(
+                e.errno,
+                f"Checkpoint directory {self._uri!r} cannot be written ({e}); "
+                "give a directory this process may create files in",
+            ) from e
+
+    def names(self) -> list[str]:
+        from pyarrow import fs
+
+        selector = fs.FileSelector(self.path, allow_not_found=True)
+        return [info.base_name for info in self.fs.get_file_info(selector)]
+
+    def write_atomically(self, name: str, write: Callable[[BinaryIO], Any]) -> None:
+        temp = self._join(temp_name(name))
+        final = self._join(name)
+        self.fs.create_dir(self.path, recursive=True)  # made on the driver, used on an executor
+        try:
+            with self.fs.open_output_stream(temp) as out:
+                write(out)
+            try:
+                self.fs.move(temp, final)
+            except OSError:
+                # Some filesystems (HDFS) refuse to move onto an existing file: the same step
+                # saved again. Remove the old one and move again.
+                self.fs.delete_file(final)
+                self.fs.move(temp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(temp)
+            raise
+
+    @contextlib.contextmanager
+    def open_read(self, name: str) -> Iterator[tuple[BinaryIO, int]]:
+        with self.fs.open_input_file(self._join(name)) as f:
+            yield f, f.size()
+
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self._join(name))
