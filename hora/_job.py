@@ -57,6 +57,7 @@ class Job:
         self.stopping = False
         self.timeline = DriverTimeline()  # ranks send ("timeline", rank, path, events)
         self.output_files: OutputFiles | None = None
+        self.stall: str | None = None  # rank 0's standing stall warning (hora.torch._stall)
 
     def run(self) -> list[Any]:
         if self.config.output_filename:  # before anything starts: a bad folder is a ValueError
@@ -109,9 +110,10 @@ class Job:
                 )
             if deadline is not None and now > deadline:
                 running = [r for r in range(np) if r not in self.results]
+                stall = f"\nThey were stalled: {self.stall}" if self.stall else ""
                 raise RunTimeoutError(
                     f"the job ran past timeout={self.config.timeout:g} s and was stopped; "
-                    f"ranks {_ranks(running)} had not finished.",
+                    f"ranks {_ranks(running)} had not finished.{stall}",
                     running,
                 )
             try:
@@ -156,6 +158,14 @@ class Job:
             self.failures.setdefault(rank, Failure(rank, summary, detail, False, time.time()))
         elif kind == "timeline":
             self.timeline.receive(*body)
+        elif kind == "stall":
+            self._stall(*body)
+
+    def _stall(self, text: str | None) -> None:
+        """Rank 0's engine reports a stall (None: it is over); said on stderr, kept for timeouts."""
+        self.stall = text
+        if text is not None:
+            print(f"hora: stall: {text}", file=sys.stderr, flush=True)
 
     def _output(self, rank: int, stream: str, text: str) -> None:
         self.tails[rank].append(text)
@@ -196,6 +206,8 @@ class Job:
                 self._output(*message[1:])
             elif message and message[0] == "timeline":
                 self.timeline.receive(*message[1:])
+            elif message and message[0] == "stall":
+                self._stall(*message[1:])
 
     # -- the story of a failure -------------------------------------------------------------
     def _failure_error(self) -> WorkerFailedError:

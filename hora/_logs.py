@@ -55,3 +55,13 @@ def log_to_driver(message: str) -> None:
         print(message, flush=True)
         return
     _channel.send(("output", _rank, "log", str(message)))
+
+
+def send_to_driver(message: tuple) -> bool:
+    """Send one of hora's own messages (not the user's output) to the driver; False outside a
+    hora worker. May raise OSError when the driver is gone."""
+    channel = _channel
+    if channel is None:
+        return False
+    channel.send(message)
+    return True
