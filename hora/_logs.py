@@ -8,7 +8,7 @@ import hmac
 from collections.abc import Callable
 
 from hora._channel import Connection
-from hora.job.protocol import Output
+from hora.job.protocol import Output, Stall
 
 _channel: Connection | None = None
 _rank: int | None = None
@@ -56,3 +56,13 @@ def log_to_driver(message: str) -> None:
         print(message, flush=True)
         return
     _channel.send(Output(_rank, "log", str(message)))  # type: ignore[arg-type]
+
+
+def send_to_driver(message: Stall) -> bool:
+    """Send one of hora's own messages (not the user's output) to the driver; False outside a
+    hora worker. May raise OSError when the driver is gone."""
+    channel = _channel
+    if channel is None:
+        return False
+    channel.send(message)
+    return True

@@ -23,6 +23,7 @@ import cloudpickle
 
 from hora import _channel, _logs
 from hora._payload import dumps_result
+from hora._script import CommandFailed
 from hora.job.protocol import Error, Hello, Payload, Result
 
 BOOT_ENV_FLAG = "HORA_WORKER"
@@ -43,6 +44,8 @@ def _is_launcher_frame(filename: str) -> bool:
 
 def _failure(rank: int, exc: BaseException) -> Error:
     """The failure as the user should read it: their traceback, without hora's frames on top."""
+    if isinstance(exc, CommandFailed):  # a child command: its output's tail tells the story
+        return Error(rank, str(exc), "", time.time())
     tb = exc.__traceback__
     while (
         tb is not None

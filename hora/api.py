@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ class Runner:
     output to the driver; `"log_callback_only"` only what the workers send with `log_to_driver`.
     `max_restarts=N` restarts every rank up to N times when one fails (load your last checkpoint
     at the start of `main`: see `hora.checkpoint`).
+    `output_filename` is a folder where each rank's output also goes (horovodrun's option).
     """
 
     def __init__(
@@ -31,6 +33,7 @@ class Runner:
         timeout: float | None = None,
         env: Mapping[str, str] | None = None,
         max_restarts: int = 0,
+        output_filename: str | os.PathLike[str] | None = None,
     ):
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be an int, got {np!r}")
@@ -48,6 +51,7 @@ class Runner:
             timeout=timeout,
             env=dict(env or {}),
             max_restarts=max_restarts,
+            output_filename=_folder(output_filename),
         )
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
@@ -70,11 +74,13 @@ def run(
     timeout: float | None = None,
     driver_log_verbosity: Verbosity = "all",
     max_restarts: int = 0,
+    output_filename: str | os.PathLike[str] | None = None,
 ) -> list[Any]:
     """Run `fn(*args, **kwargs)` on `np` processes; return every rank's value in rank order.
 
     `backend="auto"` uses Spark when a SparkSession is active, else local processes.
     `max_restarts=N` restarts every rank up to N times when one fails.
+    `output_filename`: as horovod.run's, a folder that gets `rank.<rank>/stdout` and `stderr`.
     """
     config = RunConfig(
         np=np,
@@ -84,8 +90,14 @@ def run(
         timeout=timeout,
         env=dict(env or {}),
         max_restarts=max_restarts,
+        output_filename=_folder(output_filename),
     )
     return _launch(fn, tuple(args), dict(kwargs or {}), config, collect_all=True)
+
+
+def _folder(path: str | os.PathLike[str] | None) -> str | None:
+    """A path as RunConfig keeps it; anything else goes through for RunConfig to refuse."""
+    return os.fspath(path) if isinstance(path, os.PathLike) else path
 
 
 def _resolve_backend(backend: str) -> Backend:

@@ -1,4 +1,10 @@
-"""`hora run -np N script.py [args...]`: horovodrun/torchrun's command line, as a thin adapter.
+"""`hora run -np N ...`: horovodrun's and torchrun's command line, as a thin adapter over run().
+
+    hora run -np 2 train.py --lr 0.1          a Python script
+    hora run -np 2 python train.py --lr 0.1   the same, horovodrun's way
+    hora run -np 2 -m package.module ...      a module, as `python -m` runs it
+    hora run -np 2 ./run.sh ...               any executable, as a child of each rank
+    hora run -np 2 --no-python cmd ...        any command, taken literally (torchrun's flag)
 
 `hora timeline summary trace.json` prints where a recorded timeline's time went.
 """
@@ -6,10 +12,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
-from hora._script import check_script, run_script
+from hora._script import Program, UsageError, resolve, run_program
 from hora.api import run
 from hora.errors import HoraError, RunTimeoutError
 
@@ -18,13 +27,42 @@ EXIT_USAGE = 2
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
 
+_NO_HOSTS = (
+    "{option} is not supported: hora does not log into other hosts. It runs the ranks on this "
+    "machine (--backend local) or as one Spark barrier stage (--backend spark): to use several "
+    "machines, run on a Spark cluster with --backend spark, where each rank is a task on an "
+    "executor."
+)
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hora", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="hora", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    run_cmd = commands.add_parser("run", help="run a script on N local processes")
+    run_cmd = commands.add_parser(
+        "run",
+        help="run a script, module or command on N processes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # `--no` must not silently mean --no-python
+    )
     run_cmd.add_argument(
-        "-np", "--num-proc", dest="np", type=int, required=True, help="number of worker processes"
+        "-np",
+        "--num-proc",
+        "--nproc-per-node",
+        "--nproc_per_node",
+        dest="np",
+        type=int,
+        required=True,
+        help="number of worker processes (ranks)",
+    )
+    run_cmd.add_argument(
+        "--backend",
+        choices=("local", "spark"),
+        default="local",
+        help="local: processes on this machine (default); spark: one barrier stage on a "
+        "SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS)",
     )
     run_cmd.add_argument(
         "--timeout", type=float, default=None, help="stop the job after this many seconds"
@@ -47,8 +85,37 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="forward only hora.log_to_driver messages, not all output",
     )
-    run_cmd.add_argument("script", help="the Python script every rank runs")
-    run_cmd.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script")
+    run_cmd.add_argument(
+        "--timeline-filename",
+        metavar="PATH",
+        help="record a Horovod timeline of the job (sets HOROVOD_TIMELINE) into PATH",
+    )
+    run_cmd.add_argument(
+        "--output-filename",
+        metavar="DIR",
+        help="also write each rank's output to DIR/rank.<rank>/stdout and .../stderr",
+    )
+    run_cmd.add_argument(
+        "--no-python",
+        action="store_true",
+        help="run the command as it is, not as a Python script",
+    )
+    run_cmd.add_argument(
+        "-m",
+        "--module",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        metavar="MODULE ...",
+        help="run a module as `python -m` does (the current folder first on sys.path)",
+    )
+    for flags in (("-H", "--hosts"), ("--hostfile",)):
+        run_cmd.add_argument(*flags, dest="hosts_option", action=_Refused, help=argparse.SUPPRESS)
+    run_cmd.add_argument(
+        "program",
+        nargs=argparse.REMAINDER,
+        metavar="SCRIPT|COMMAND ...",
+        help="what every rank runs, with its arguments",
+    )
     timeline_cmd = commands.add_parser("timeline", help="read a timeline (HOROVOD_TIMELINE) file")
     timeline_actions = timeline_cmd.add_subparsers(dest="action", required=True)
     summary_cmd = timeline_actions.add_parser(
@@ -56,6 +123,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     summary_cmd.add_argument("trace", help="the trace file (Chrome trace JSON)")
     return parser
+
+
+class _Refused(argparse.Action):
+    """An option horovodrun has and hora deliberately does not: remember which, refuse later."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
+        setattr(namespace, self.dest, option_string)
 
 
 def _timeline(ns: argparse.Namespace) -> int:
@@ -69,23 +143,77 @@ def _timeline(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _job_env(ns: argparse.Namespace) -> dict[str, str]:
+    if not ns.timeline_filename:
+        return {}
+    path = os.path.abspath(ns.timeline_filename)
+    if os.path.isdir(path):
+        raise UsageError(
+            f"--timeline-filename {ns.timeline_filename!r} is a directory: name a file"
+        )
+    if not os.path.isdir(os.path.dirname(path)):
+        raise UsageError(
+            f"--timeline-filename {ns.timeline_filename!r}: the folder {os.path.dirname(path)} "
+            "does not exist"
+        )
+    return {"HOROVOD_TIMELINE": path}
+
+
+@contextmanager
+def _spark_session() -> Iterator[None]:
+    """A SparkSession for `--backend spark`, stopped at the end; the cluster comes from Spark's
+    own configuration (spark-defaults.conf, PYSPARK_SUBMIT_ARGS), as for `pyspark`."""
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise UsageError("--backend spark needs pyspark: pip install 'hora[spark]'") from None
+    try:
+        builder = SparkSession.builder.appName("hora run")
+        # Spark's progress bar would cut through the ranks' log lines on the same terminal.
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
+        session = builder.getOrCreate()
+    except Exception as exc:
+        raise UsageError(f"--backend spark could not start a SparkSession: {exc}") from exc
+    try:
+        yield
+    finally:
+        session.stop()
+
+
+def _run(ns: argparse.Namespace) -> None:
+    if ns.hosts_option:
+        raise UsageError(_NO_HOSTS.format(option=ns.hosts_option))
+    words = ns.program[1:] if ns.program[:1] == ["--"] else ns.program
+    program: Program = resolve(
+        words,
+        module=ns.module,
+        no_python=ns.no_python,
+        on_this_host=ns.backend == "local",
+    )
+    options: dict[str, Any] = {
+        "np": ns.np,
+        "backend": ns.backend,
+        "env": _job_env(ns),
+        "timeout": ns.timeout,
+        "start_timeout": ns.start_timeout,
+        "driver_log_verbosity": "log_callback_only" if ns.log_callback_only else "all",
+        "output_filename": ns.output_filename,
+        "max_restarts": ns.max_restarts,
+    }
+    if ns.backend == "spark":
+        with _spark_session():
+            run(run_program, (program,), **options)
+    else:
+        run(run_program, (program,), **options)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hora` command; returns the exit status."""
     ns = _parser().parse_args(argv)
     if ns.command == "timeline":
         return _timeline(ns)
     try:
-        script = check_script(ns.script)
-        run(
-            run_script,
-            (script, list(ns.args)),
-            np=ns.np,
-            backend="local",
-            timeout=ns.timeout,
-            start_timeout=ns.start_timeout,
-            driver_log_verbosity="log_callback_only" if ns.log_callback_only else "all",
-            max_restarts=ns.max_restarts,
-        )
+        _run(ns)
     except (ValueError, FileNotFoundError) as exc:
         print(f"hora: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

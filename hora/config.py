@@ -5,6 +5,7 @@ Bad input fails here, before anything is launched, with a message that says what
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,6 +27,9 @@ class RunConfig:
     timeout: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     max_restarts: int = 0
+    #: horovodrun's --output-filename: a folder where each rank's output also goes, to
+    #: `rank.<rank>/stdout` and `rank.<rank>/stderr` (written by the driver); made absolute
+    output_filename: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np <= 0:
@@ -52,10 +56,24 @@ class RunConfig:
         bad = {k: v for k, v in dict(self.env).items() if not (_is_str(k) and _is_str(v))}
         if bad:
             raise ValueError(f"env must map str to str; fix these entries: {bad!r}")
+        if self.output_filename is not None:
+            object.__setattr__(self, "output_filename", _output_folder(self.output_filename))
 
 
 def _is_str(value: object) -> bool:
     return isinstance(value, str)
+
+
+def _output_folder(value: object) -> str:
+    if not isinstance(value, str | os.PathLike) or not os.fspath(value):
+        raise ValueError(f"output_filename must be a folder's path, got {value!r}")
+    folder = os.path.abspath(os.fspath(value))
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        raise ValueError(
+            f"output_filename={os.fspath(value)!r} is a file; it must be a folder (hora writes "
+            "rank.<rank>/stdout and rank.<rank>/stderr in it): choose another path"
+        )
+    return folder
 
 
 def _check_seconds(name: str, value: object) -> None:

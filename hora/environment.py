@@ -19,8 +19,16 @@ AGENT_STORE_VARS = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTAR
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 # Set on the driver, they reach every rank even where workers do not inherit the driver's
-# environment (Spark executors): the timeline is asked for on the driver and written there.
-DRIVER_VARS = ("HOROVOD_TIMELINE", "HORA_TIMELINE", "HOROVOD_TIMELINE_MARK_CYCLES")
+# environment (Spark executors): the timeline is asked for on the driver and written there; the
+# stall inspector's times are the job's too (its warnings are read on the driver).
+DRIVER_VARS = (
+    "HOROVOD_TIMELINE",
+    "HORA_TIMELINE",
+    "HOROVOD_TIMELINE_MARK_CYCLES",
+    "HOROVOD_STALL_CHECK_DISABLE",
+    "HOROVOD_STALL_CHECK_TIME_SECONDS",
+    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import cloudpickle
 
 from hora import environment
+from hora._output_files import OutputFiles
 from hora.config import RunConfig
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
 from hora.job.monitor import Group, Limits, Monitor
@@ -68,6 +69,11 @@ class Job:
     def run(self) -> list[Any]:
         config = self.config
         deadline = time.monotonic() + config.timeout if config.timeout else None
+        # Before anything starts (a bad folder is a ValueError); one for the run: an attempt's
+        # output follows the one before it.
+        self.output_files = (
+            OutputFiles(config.output_filename, config.np) if config.output_filename else None
+        )
         timeline = DriverTimeline()  # one for the run: restarts are marks in the same trace
         try:
             attempt = Attempt(0, config.max_restarts + 1)
@@ -90,6 +96,8 @@ class Job:
                 return [_loads(results.get(r)) for r in range(config.np)]
         finally:
             timeline.close()
+            if self.output_files is not None:
+                self.output_files.close()
 
     def _attempt(
         self, attempt: Attempt, timeline: DriverTimeline, deadline: float | None
@@ -110,6 +118,7 @@ class Job:
             self.collect_all,
             timeline,
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
+            output_files=self.output_files,
         )
         try:
             group.start()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hora import _channel
+from hora._output_files import OutputFiles
 from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.job.protocol import (
     EngineFailed,
@@ -26,6 +27,7 @@ from hora.job.protocol import (
     Output,
     Payload,
     Result,
+    Stall,
     TimelineBatch,
 )
 from hora.timeline._driver import DriverTimeline
@@ -49,6 +51,10 @@ class Failure:
     traceback: str
     reported: bool  # True when the worker described its own failure
     time: float
+    subject: str = ""  # the headline's start when what failed is not the rank itself (a task)
+
+    def headline(self) -> str:
+        return f"{self.subject or f'rank {self.rank} failed'}: {self.summary}"
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class Monitor:
         collect_all: bool,
         timeline: DriverTimeline,
         log_callback_only: bool = False,
+        output_files: OutputFiles | None = None,
     ):
         self.group = group
         self.np = np
@@ -78,6 +85,7 @@ class Monitor:
         self.collect_all = collect_all
         self.timeline = timeline
         self.log_callback_only = log_callback_only
+        self.output_files = output_files  # the run's, shared by its attempts
         self.started: dict[int, str] = {}  # rank -> host
         self.results: dict[int, bytes | None] = {}
         self.exits: dict[int, int] = {}
@@ -85,6 +93,7 @@ class Monitor:
         self.failures: dict[int, Failure] = {}
         self.tails: dict[int, deque[str]] = {r: deque(maxlen=TAIL_LINES) for r in range(np)}
         self.stopping = False
+        self.stall: str | None = None  # rank 0's standing stall warning (hora.torch._stall)
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
@@ -112,9 +121,10 @@ class Monitor:
                 )
             if limits.deadline is not None and now > limits.deadline:
                 running = [r for r in range(np) if r not in self.results]
+                stall = f"\nThey were stalled: {self.stall}" if self.stall else ""
                 raise RunTimeoutError(
                     f"the job ran past timeout={limits.timeout:g} s and was stopped; "
-                    f"ranks {_ranks(running)} had not finished.",
+                    f"ranks {_ranks(running)} had not finished.{stall}",
                     running,
                 )
             try:
@@ -147,13 +157,24 @@ class Monitor:
                 self.failures[rank] = Failure(rank, summary, tb, True, when)
             case Exited(rank=rank, code=code):
                 self._exited(rank, code)
-            case EngineFailed(rank=rank, summary=summary, detail=detail):
-                self.failures.setdefault(rank, Failure(rank, summary, detail, False, time.time()))
+            case EngineFailed(rank=rank, summary=summary, detail=detail, subject=subject):
+                failure = Failure(rank, summary, detail, False, time.time(), subject)
+                self.failures.setdefault(rank, failure)
             case TimelineBatch(rank=rank, path=path, batch=batch):
                 self.timeline.receive(rank, path, batch)
+            case Stall(text=text):
+                self._stall(text)
+
+    def _stall(self, text: str | None) -> None:
+        """Rank 0's engine reports a stall (None: it is over); said on stderr, kept for timeouts."""
+        self.stall = text
+        if text is not None:
+            print(f"hora: stall: {text}", file=sys.stderr, flush=True)
 
     def _output(self, rank: int, stream: str, text: str) -> None:
         self.tails[rank].append(text)
+        if self.output_files is not None:
+            self.output_files.write(rank, stream, text)
         if self.log_callback_only and stream != "log":
             return
         host = self.started.get(rank)
@@ -186,7 +207,7 @@ class Monitor:
                 _conn, message = self.group.events.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(message, Output | TimelineBatch):
+            if isinstance(message, Output | TimelineBatch | Stall):
                 self.handle(None, message)
 
     # -- the story of a failure -------------------------------------------------------------
@@ -195,7 +216,7 @@ class Monitor:
         # moments later, so it is the likelier root cause; then the earliest report wins.
         ordered = sorted(self.failures.values(), key=lambda f: (f.reported, f.time))
         root = ordered[0]
-        lines = [f"rank {root.rank} failed: {root.summary}"]
+        lines = [root.headline()]
         if root.traceback:
             lines += ["", root.traceback.rstrip()]
         tail = list(self.tails[root.rank])
@@ -205,7 +226,7 @@ class Monitor:
         others = ordered[1:]
         if others:
             lines += ["", "also failed, after it:"]
-            lines += [f"  rank {f.rank}: {f.summary}" for f in others]
+            lines += [f"  {f.subject or f'rank {f.rank}'}: {f.summary}" for f in others]
         return WorkerFailedError("\n".join(lines), root.rank, [f.rank for f in ordered])
 
 

@@ -8,7 +8,7 @@ Python workers import it too.
 
 Who sends what:
 
-- worker -> driver (the job's channel): Hello, Output, Result, Error, TimelineBatch
+- worker -> driver (the job's channel): Hello, Output, Result, Error, TimelineBatch, Stall
 - driver -> worker: Payload
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
 - Spark task supervisor <-> the Spark launcher: TaskReady, Output, Exited / Go, Refuse, Stop
@@ -61,6 +61,12 @@ class TimelineBatch(NamedTuple):
     batch: bytes | list[Any]
 
 
+class Stall(NamedTuple):
+    """Rank 0's stall inspector: what has waited and for whom (None: the stall is over)."""
+
+    text: str | None
+
+
 # -- driver -> worker ---------------------------------------------------------------------------
 
 
@@ -83,11 +89,13 @@ class Exited(NamedTuple):
 
 class EngineFailed(NamedTuple):
     """The engine lost a rank without an exit code (a Spark task or executor lost, a stage
-    failed, a task re-attempted)."""
+    failed, a task re-attempted). `subject` starts the story's headline when what failed is not
+    the rank itself ("Spark task 1 on host h could not start rank 1")."""
 
     rank: int
     summary: str
     detail: str
+    subject: str = ""
 
 
 # -- Spark task supervisor <-> Spark launcher --------------------------------------------------
@@ -117,4 +125,4 @@ class Stop(NamedTuple):
 
 
 #: what the job's event queue carries from the launchers and the workers
-DriverMessage = Hello | Output | Result | Error | TimelineBatch | Exited | EngineFailed
+DriverMessage = Hello | Output | Result | Error | TimelineBatch | Stall | Exited | EngineFailed

@@ -26,6 +26,7 @@ from hora.torch._common import NOT_INITIALIZED
 from hora.torch._engine import Engine, EngineConfig
 from hora.torch._execute import GroupInfo
 from hora.torch._process_sets import ProcessSet, destroy_groups, global_process_set, register
+from hora.torch._stall import StallSettings
 
 _atexit_registered = False
 _created_default_group = False
@@ -163,7 +164,7 @@ def _start_engine(
         cycle_time_s=_env_float("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_TIME_MS) / 1000.0,
         fusion_threshold=int(_env_float("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)),
         timeout_s=wait.total_seconds(),
-        stall_warning_s=_env_float("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
+        stall=StallSettings.from_env(),
     )
     if size == 1:
         return Engine(config, groups, {}, None)

@@ -33,6 +33,7 @@ from hora.torch._negotiation import (
     Request,
     Response,
 )
+from hora.torch._stall import StallInspector, StallSettings
 
 log = logging.getLogger("hora.torch")
 
@@ -101,7 +102,7 @@ class EngineConfig:
     cycle_time_s: float
     fusion_threshold: int
     timeout_s: float
-    stall_warning_s: float
+    stall: StallSettings
 
 
 class Engine:
@@ -355,12 +356,9 @@ class Engine:
         for rank, peer in self._peers.items():
             sel.register(peer, selectors.EVENT_READ, rank)
         shutdown: str | None = None
-        stall_since: float | None = None
-        warned = False
+        stall = StallInspector(self.config.stall, coord)
         while True:
-            timeout = None
-            if stall_since is not None and not warned:
-                timeout = max(0.0, stall_since + self.config.stall_warning_s - time.monotonic())
+            timeout = stall.wake_in()
             if not self._mark_idle():
                 timeout = 0.0
             ready = sel.select(timeout)
@@ -398,6 +396,8 @@ class Engine:
                 else:
                     coord.submit(0, item)
             responses: list[Any] = coord.take()
+            if shutdown is None:
+                shutdown = stall.inspect(bool(responses))
             if shutdown is not None:
                 responses.append(Shutdown(shutdown))
             if responses:
@@ -409,21 +409,6 @@ class Engine:
                         shutdown = shutdown or SHUT_DOWN
                 if self._handle(responses):
                     return
-            if not coord.has_pending():
-                stall_since, warned = None, False
-            elif stall_since is None:
-                stall_since = time.monotonic()
-            elif not warned and time.monotonic() - stall_since >= self.config.stall_warning_s:
-                warned = True
-                missing = {
-                    name: sorted(set(range(self.config.size)) - set(ranks))
-                    for name, ranks in coord.pending_names().items()
-                }
-                log.warning(
-                    "hora.torch: operations waiting for %.0fs; ranks still missing per name: %s",
-                    self.config.stall_warning_s,
-                    missing,
-                )
 
     def _handle(self, responses: list[Response | Shutdown]) -> bool:
         """Apply the coordinator's decisions in order; True once the engine must stop."""

@@ -9,6 +9,7 @@ rank, which then all run the same backend calls in the same order.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from hora.torch._common import OP_NAMES, Average, Sum
@@ -231,9 +232,16 @@ class Coordinator:
             self._drop(next(iter(self._cache)))
         return cid
 
-    def pending_names(self) -> dict[str, list[int]]:
-        """Names waiting for some rank, with the ranks that submitted them (for stall hints)."""
-        return {name: sorted(reqs) for (_, name), reqs in self._pending.items()}
+    @property
+    def pending(self) -> Mapping[tuple[int, str], Mapping[int, Request]]:
+        """(process set, name) -> the requests received so far, for operations some member still
+        owes; each waiting instance has a table of its own (the stall inspector relies on it)."""
+        return self._pending
+
+    @property
+    def joined(self) -> Collection[int]:
+        """Ranks that called join while the others have not (nothing is owed by them)."""
+        return self._joined
 
     def has_pending(self) -> bool:
         return bool(self._pending)
