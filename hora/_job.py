@@ -37,6 +37,10 @@ class Failure:
     traceback: str
     reported: bool  # True when the worker described its own failure
     time: float
+    subject: str = ""  # the headline's start when what failed is not the rank itself (a task)
+
+    def headline(self) -> str:
+        return f"{self.subject or f'rank {self.rank} failed'}: {self.summary}"
 
 
 class Job:
@@ -154,8 +158,9 @@ class Job:
         elif kind == "exit":
             self._exited(*body)
         elif kind == "engine_failed":
-            rank, summary, detail = body
-            self.failures.setdefault(rank, Failure(rank, summary, detail, False, time.time()))
+            rank, summary, detail, *subject = body
+            failure = Failure(rank, summary, detail, False, time.time(), *subject)
+            self.failures.setdefault(rank, failure)
         elif kind == "timeline":
             self.timeline.receive(*body)
         elif kind == "stall":
@@ -215,7 +220,7 @@ class Job:
         # moments later, so it is the likelier root cause; then the earliest report wins.
         ordered = sorted(self.failures.values(), key=lambda f: (f.reported, f.time))
         root = ordered[0]
-        lines = [f"rank {root.rank} failed: {root.summary}"]
+        lines = [root.headline()]
         if root.traceback:
             lines += ["", root.traceback.rstrip()]
         tail = list(self.tails[root.rank])
@@ -225,7 +230,7 @@ class Job:
         others = ordered[1:]
         if others:
             lines += ["", "also failed, after it:"]
-            lines += [f"  rank {f.rank}: {f.summary}" for f in others]
+            lines += [f"  {f.subject or f'rank {f.rank}'}: {f.summary}" for f in others]
         return WorkerFailedError("\n".join(lines), root.rank, [f.rank for f in ordered])
 
 
