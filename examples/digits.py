@@ -124,7 +124,6 @@ def run_on_local_spark(np: int, epochs: int) -> float:
     The SparkSession is embedded (`local[N]`, loopback only); on a cluster, use the active one.
     """
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     print(f"\nstarting an embedded Spark (local[{np}]) and running the same training on it")

@@ -26,9 +26,9 @@ def dumps_job(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
         parts = [(f"function {name}", fn)]
         parts += [(f"positional argument {i}", a) for i, a in enumerate(args)]
         parts += [(f"argument {k!r}", v) for k, v in kwargs.items()]
-        culprit = _first_culprit(parts) or f"function {name}"
+        path = _culprit_path(parts) or [(f"function {name}", fn)]
         raise UnpicklableError(
-            f"hora cannot send {name} to the workers: {culprit} cannot be pickled "
+            f"hora cannot send {name} to the workers: {_describe(path)} cannot be pickled "
             f"({type(exc).__name__}: {exc}). Create such objects inside the function, on each "
             "worker, instead of capturing them from the driver or passing them as arguments."
         ) from exc
@@ -39,11 +39,17 @@ def dumps_result(value: Any, rank: int) -> bytes:
     try:
         return cloudpickle.dumps(value)
     except Exception as exc:
-        culprit = _first_culprit([(f"the return value ({type(value).__name__})", value)])
+        inner = (_culprit_path([("the return value", value)]) or [])[1:]
+        if inner:
+            label, obj = inner[0]
+            culprit = f"{_describe([(f'its {label}', obj), *inner[1:]])} is not picklable"
+        else:
+            culprit = f"it is {_a(value)}"
+        # The cause's text is in the message; its frames (cloudpickle's) would only bury it.
         raise UnpicklableError(
-            f"the return value of rank {rank} cannot be pickled: {culprit} is not picklable "
+            f"the return value of rank {rank} cannot be pickled: {culprit} "
             f"({type(exc).__name__}: {exc}). Return plain data (numbers, tensors, state_dicts)."
-        ) from exc
+        ) from None
 
 
 def _picklable(obj: Any) -> bool:
@@ -54,23 +60,37 @@ def _picklable(obj: Any) -> bool:
     return True
 
 
-def _first_culprit(parts: list[tuple[str, Any]], depth: int = 0) -> str | None:
-    """Description of the deepest unpicklable piece reachable from the first failing part."""
+def _culprit_path(parts: list[tuple[str, Any]], depth: int = 0) -> list[tuple[str, Any]] | None:
+    """(label, object) from the first unpicklable part down to the deepest unpicklable piece."""
     for label, obj in parts:
         if _picklable(obj):
             continue
-        if depth < _MAX_DEPTH:
-            inner = _first_culprit(list(_children(obj)), depth + 1)
-            if inner:
-                return f"{inner}, reached from {label}" if depth == 0 else f"{inner} in {label}"
-        return f"{label} (a {type(obj).__name__})"
+        inner = _culprit_path(list(_children(obj)), depth + 1) if depth < _MAX_DEPTH else None
+        return [(label, obj), *(inner or [])]
     return None
+
+
+def _describe(path: list[tuple[str, Any]]) -> str:
+    """'key 'w' (a lock) in argument 'state' (a dict)': the culprit first, then where it is. A
+    function is named without its type, and only where its pieces' labels do not name it."""
+    (label, obj), *outer = reversed(path)
+    text = label if label.startswith("function ") else f"{label} ({_a(obj)})"
+    for label, obj in outer:
+        if not label.startswith("function "):
+            text += f" in {label} ({_a(obj)})"
+    return text
+
+
+def _a(obj: Any) -> str:
+    """'a lock', 'an Event': the object's type, as a sentence names it."""
+    name = type(obj).__qualname__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 def _children(obj: Any) -> Iterator[tuple[str, Any]]:
     """The named pieces of `obj` that pickling it would pickle too."""
     if isinstance(obj, types.MethodType):
-        yield "its instance", obj.__self__
+        yield f"the instance bound to {obj.__name__}", obj.__self__
         obj = obj.__func__
     if isinstance(obj, types.FunctionType):
         cells = obj.__closure__ or ()

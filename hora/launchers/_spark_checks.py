@@ -7,6 +7,7 @@ training traffic on a cluster that asked for TLS. Each check says what to change
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -18,6 +19,10 @@ GPU_AMOUNT_KEY = "spark.task.resource.gpu.amount"
 # stay short of np for SLOT_SETTLE_SECONDS is judged as it is.
 SLOT_WAIT_SECONDS = 60.0
 SLOT_SETTLE_SECONDS = 5.0
+# Which Python the tasks start: "auto" (the driver's where it exists on every executor, that is
+# on a local or local-cluster master; Spark's own elsewhere), "driver" or "spark".
+PYTHON_KEY = "spark.hora.executorPython"
+PYTHON_CHOICES = ("auto", "driver", "spark")
 
 
 def _conf(sc: Any, key: str, default: str = "") -> str:
@@ -31,6 +36,29 @@ def _true(sc: Any, key: str) -> bool:
 def is_local_master(sc: Any) -> bool:
     master = sc.master
     return master == "local" or master.startswith("local[")
+
+
+def runs_on_this_machine(master: str) -> bool:
+    """local, local[N], local[N,F], local-cluster[...]: every executor sees the driver's files."""
+    return master == "local" or master.startswith(("local[", "local-cluster["))
+
+
+def python_for_tasks(sc: Any) -> str | None:
+    """The interpreter that the tasks' Python workers start with: the driver's own, or None for
+    Spark's choice (PYSPARK_PYTHON when the SparkSession started, else `python3` on the PATH).
+
+    The driver's pickles need the driver's versions; on one machine its interpreter is at hand.
+    """
+    choice = _conf(sc, PYTHON_KEY, "auto").strip().lower()
+    if choice not in PYTHON_CHOICES:
+        raise ValueError(
+            f"{PYTHON_KEY}={choice!r} is not one of {', '.join(PYTHON_CHOICES)}: 'driver' starts "
+            "the tasks with the driver's interpreter, 'spark' with PYSPARK_PYTHON, 'auto' picks "
+            "'driver' on a local or local-cluster master and 'spark' elsewhere"
+        )
+    if choice == "spark" or (choice == "auto" and not runs_on_this_machine(sc.master)):
+        return None
+    return sys.executable or None
 
 
 def check_ssl(sc: Any) -> None:
@@ -57,7 +85,8 @@ def check_dynamic_allocation(sc: Any) -> None:
         "spark.dynamicAllocation.enabled=true, and Spark does not run barrier stages (which hora "
         "uses so that all ranks start together) under dynamic allocation. Start the "
         "SparkSession with spark.dynamicAllocation.enabled=false and a fixed number of "
-        "executors (spark.executor.instances), or run on this machine with Runner(np=-N)."
+        "executors (spark.executor.instances), or run on this machine instead (Runner(np=-N), "
+        "TorchDistributor(local_mode=True))."
     )
 
 

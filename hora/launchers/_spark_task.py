@@ -26,7 +26,8 @@ STOP_GRACE_SECONDS = 3.0
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What every task of one run needs; pickled into the Spark closure."""
+    """What every task of one run needs; its fields travel as plain data in the Spark closure,
+    so that `_spark_entry` can check the executor's Python before anything of hora is loaded."""
 
     address: tuple[str, int]  # the launcher's supervisor channel on the driver
     worker_address: tuple[str, int]  # the job's channel that workers dial

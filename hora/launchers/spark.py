@@ -8,6 +8,11 @@ and once all have, each gets the plan; Spark's own `allGather` costs a second pe
 output lines and exit codes to the job, and stops everything: first by telling the supervisors,
 then by cancelling the stage's job tag.
 
+Each task first runs `_spark_entry` (shipped by value), which refuses to start a rank on a Python
+unlike the driver's; on a local or local-cluster master the tasks get the driver's interpreter
+in the first place (`_spark_checks.python_for_tasks`). A failed stage is reported as the task that
+failed and why (`_spark_failures`), never as a rank that did not run.
+
 A rank is started at most once per run: if Spark ever re-attempts a task or the stage, the
 supervisor of the re-attempt is refused and the job fails, rather than re-running a
 half-finished training behind the user's back.
@@ -16,24 +21,27 @@ half-finished training behind the user's back.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import sys
 import threading
 import uuid
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 from hora import _channel
 from hora.config import RunConfig
 from hora.job.protocol import EngineFailed, Exited, Go, Output, Refuse, Stop, TaskReady
-from hora.launchers import _spark_checks
+from hora.launchers import _spark_checks, _spark_entry, _spark_failures
 from hora.launchers._base import LaunchContext, Launcher
 from hora.launchers._rendezvous import host_store
-from hora.launchers._spark_task import TaskSpec, supervise
+from hora.launchers._spark_task import TaskSpec
 
 STOP_GRACE_SECONDS = 3.0  # the supervisors' own SIGTERM -> SIGKILL grace
 CANCEL_WAIT_SECONDS = 5.0
+_PYTHON_EXEC_LOCK = threading.Lock()  # two runs at once must not restore each other's choice
 
 
 def active_spark_context() -> Any:
@@ -61,6 +69,7 @@ class SparkLauncher(Launcher):
         _spark_checks.check_ssl(sc)
         _spark_checks.check_dynamic_allocation(sc)
         self.use_gpu = _spark_checks.resolve_use_gpu(sc, use_gpu)
+        self.python = _spark_checks.python_for_tasks(sc)
         if restart:  # a lost executor is being replaced: wait for it, up to start_timeout
             _spark_checks.check_slots(sc, config.np, wait=config.start_timeout, settle=None)
         else:
@@ -75,6 +84,7 @@ class SparkLauncher(Launcher):
         self._tasks: dict[int, dict[str, Any]] = {}
         self._supervisors: dict[int, _channel.Connection] = {}
         self._exited: set[int] = set()
+        self._planned = False  # every task has registered and been told to start its rank
         self._stopping = threading.Event()
         self._inbox: queue.Queue = queue.Queue()
         self._server: _channel.Server | None = None
@@ -104,19 +114,43 @@ class SparkLauncher(Launcher):
         self._threads = [relay, stage]
 
     def _run_stage(self, spec: TaskSpec) -> None:
+        from pyspark import cloudpickle as spark_cloudpickle
+
         sc = self.sc
         sc.addJobTag(self.tag)
         sc.setInterruptOnCancel(True)
         sc.setJobDescription(f"hora: {self._np} ranks")
+        driver = _spark_entry.runtime()
         try:
-            rdd = sc.parallelize(range(self._np), self._np)
-            rdd.barrier().mapPartitions(partial(supervise, spec)).collect()
+            # By value: the check must load on an executor whose Python lacks hora.
+            spark_cloudpickle.register_pickle_by_value(_spark_entry)
+            task = partial(_spark_entry.run_task, driver, dataclasses.asdict(spec))
+            rdd = sc.parallelize(range(self._np), self._np).barrier().mapPartitions(task)
+            with _tasks_python(sc, self.python):
+                rdd._jrdd  # noqa: B018 -- pyspark builds the tasks' PythonFunction here, once
+            rdd.collect()
         except Exception as exc:
             if not self._stopping.is_set():
-                rank = self._first_running_rank()
-                self._report(EngineFailed(rank, "the Spark stage failed", _spark_error(exc)))
+                failure = _spark_failures.read(exc, driver, sc.master, self.python is not None)
+                self._report_stage_failure(failure)
         finally:
             sc.removeJobTag(self.tag)
+
+    def _report_stage_failure(self, failure: _spark_failures.StageFailure) -> None:
+        """Name the task that failed, and whether its rank had been started at all."""
+        task = failure.task
+        if task is None or not 0 <= task < self._np:
+            rank = self._first_running_rank()
+            who = "the Spark stage failed"
+            self._report(EngineFailed(rank, failure.summary, failure.detail, who))
+            return
+        host = failure.host or self._tasks.get(task, {}).get("host")
+        where = f"Spark task {task}" + (f" on host {host}" if host else "")
+        if self._planned and not failure.before_start:
+            who = f"{where} (rank {task}) failed"
+        else:
+            who = f"{where} could not start rank {task}"
+        self._report(EngineFailed(task, failure.summary, failure.detail, who))
 
     # -- the supervisors' messages ----------------------------------------------------------
     def _relay(self) -> None:
@@ -156,6 +190,7 @@ class SparkLauncher(Launcher):
             self._supervisors[rank] = conn
             ready = len(self._tasks) == self._np
         if ready:
+            self._planned = True
             plan = {
                 "tasks": [self._tasks[r] for r in range(self._np)],
                 "master": self._master,
@@ -169,6 +204,8 @@ class SparkLauncher(Launcher):
     def _closed(self, conn: _channel.Connection) -> None:
         rank = conn.peer
         if rank is None or rank in self._exited or self._stopping.is_set():
+            return
+        if not self._planned:  # no rank started: another task failed, and the stage says which
             return
         self._report(
             EngineFailed(
@@ -217,7 +254,18 @@ def _driver_sys_path() -> list[str]:
     return [os.path.abspath(p) if p == "" else p for p in sys.path]
 
 
-def _spark_error(exc: BaseException) -> str:
-    """The useful part of a Py4J error: the Spark exception lines, not the JVM stack."""
-    lines = [line for line in str(exc).splitlines() if line and not line.startswith("\tat ")]
-    return "\n".join(lines[:40])
+@contextlib.contextmanager
+def _tasks_python(sc: Any, python: str | None) -> Iterator[None]:
+    """Let the stage's function be built for `python` (None: Spark's own choice). pyspark takes
+    the executors' interpreter from `sc.pythonExec` when it serializes an RDD's function, and
+    only then; the session's other jobs keep theirs."""
+    if python is None:
+        yield
+        return
+    with _PYTHON_EXEC_LOCK:
+        saved = sc.pythonExec
+        sc.pythonExec = python
+        try:
+            yield
+        finally:
+            sc.pythonExec = saved

@@ -48,6 +48,8 @@ class TorchDistributor:
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run `train_object(*args, **kwargs)` on every rank and return rank 0's value, or run
         the script at path `train_object` with the string arguments `args` and return None."""
+        if not self.local_mode:
+            _require_spark_session()
         env: dict[str, str] = {}
         if self.local_mode and self.use_gpu:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(_driver_gpus(self.num_processes))
@@ -69,6 +71,18 @@ class TorchDistributor:
             _launch(run_script, (script, argv), {}, config, collect_all=False, use_gpu=use_gpu)
             return None
         return _launch(train_object, args, kwargs, config, collect_all=False, use_gpu=use_gpu)[0]
+
+
+def _require_spark_session() -> None:
+    """Say what to do in this door's words, before the engine would in Runner's."""
+    from hora.launchers.spark import active_spark_context
+
+    if active_spark_context() is None:
+        raise RuntimeError(
+            "TorchDistributor(local_mode=False) runs its processes as Spark tasks and needs an "
+            "active SparkSession: create one first (SparkSession.builder...getOrCreate()), or "
+            "pass local_mode=True to run them on the driver"
+        )
 
 
 def _driver_gpus(num_processes: int) -> list[str]:

@@ -20,6 +20,8 @@ if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
     pytest.skip("Java is not installed: Spark cannot start", allow_module_level=True)
 
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+# For Spark's own jobs in these tests (a slot blocker, a raw barrier stage): hora's ranks need
+# none of it on a local master; test_executor_python.py checks that with a user's environment.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 

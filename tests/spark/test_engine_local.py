@@ -9,6 +9,7 @@ import time
 import pytest
 
 import hora
+from hora.launchers import _spark_failures
 from tests import _workers
 from tests.spark import _jobs
 from tests.spark.conftest import start_spark, stop_spark
@@ -163,6 +164,25 @@ def test_unpicklable_function_fails_before_any_task(spark):
 
     with pytest.raises(hora.UnpicklableError, match="lock"):
         hora.Runner(np=2).run(main)
+
+
+def test_a_failed_task_is_named_from_spark_s_own_error(spark):
+    """A task's Python error reaches the driver inside a Py4J error of Java frames; the engine
+    reads the task and the error's last line from it (here of a real barrier stage)."""
+
+    def fail_in_task_one(partition):
+        from pyspark import BarrierTaskContext
+
+        if BarrierTaskContext.get().partitionId() == 1:
+            raise ValueError("task one cannot start")
+        yield from partition
+
+    sc = spark.sparkContext
+    with pytest.raises(Exception) as info:
+        sc.parallelize(range(2), 2).barrier().mapPartitions(fail_in_task_one).collect()
+    failure = _spark_failures.read(info.value, {}, sc.master, on_driver_python=True)
+    assert (failure.task, failure.summary) == (1, "ValueError: task one cannot start")
+    assert "Traceback" in failure.detail and "\tat " not in failure.detail
 
 
 def test_use_gpu_without_gpu_tasks_is_refused(spark):

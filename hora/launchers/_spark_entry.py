@@ -1,0 +1,91 @@
+"""The first code a Spark barrier task runs: it checks that this executor's Python can run the job.
+
+The driver pickles the job with its own interpreter and libraries. A rank started by another
+Python (Spark starts the `python3` on the executors' PATH unless PYSPARK_PYTHON says otherwise)
+fails in ways that name neither interpreter: `No module named 'hora'` inside Spark's own
+unpickling, or `Can't get attribute '_function_setstate'` from an older cloudpickle. So this
+module uses the standard library only and is shipped to the executors by value, not by import:
+it loads where hora does not, compares this interpreter with the driver's, and only then imports
+hora's supervisor. A difference fails the task with a line (`MARKER` + JSON) that the driver
+finds in Spark's error and turns into one message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+MARKER = "hora-task-cannot-start:"
+# What decides whether a rank can run the driver's pickles, in the order a message lists them.
+COMPARED = ("python", "cloudpickle", "torch", "hora")
+
+
+def runtime() -> dict[str, str]:
+    """This interpreter, and the versions of what the driver's pickles need, as text."""
+    import platform
+    import sys
+
+    return {
+        "executable": sys.executable,
+        "python": f"{platform.python_version()} ({platform.python_implementation()})",
+        "cloudpickle": _imported_version("cloudpickle"),
+        "torch": _installed_version("torch"),  # importing torch would cost seconds per task
+        "hora": _imported_version("hora"),
+    }
+
+
+def differences(driver: dict[str, str], here: dict[str, str]) -> list[str]:
+    """The keys of COMPARED that differ; Python by major.minor and implementation (the
+    bytecode and pickles of one minor version agree across its patch releases)."""
+    return [key for key in COMPARED if _compared(key, driver) != _compared(key, here)]
+
+
+def _compared(key: str, runtime: dict[str, str]) -> str | None:
+    value = runtime.get(key)
+    if key == "python" and value:
+        version, _, implementation = value.partition(" ")
+        return ".".join(version.split(".")[:2]) + " " + implementation
+    return value
+
+
+def run_task(driver: dict[str, str], spec: dict[str, Any], partition: Iterable[Any]) -> Iterator:
+    """mapPartitions body: refuse to start a rank on a Python unlike the driver's, else supervise
+    it (`spec` holds `TaskSpec`'s fields as plain data, so unpickling it needs no hora)."""
+    here = runtime()
+    differ = differences(driver, here)
+    if differ:
+        import json
+
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        task = ctx.partitionId()
+        host = ctx.getTaskInfos()[task].address.rsplit(":", 1)[0]
+        report = {"task": task, "host": host, "runtime": here}
+        raise RuntimeError(
+            f"hora did not start rank {task}: this executor's Python ({here['executable']}) is "
+            f"not the driver's ({', '.join(differ)} differ; the driver's error has the details)"
+            f"\n{MARKER}{json.dumps(report)}"
+        )
+    from hora.launchers._spark_task import TaskSpec, supervise
+
+    yield from supervise(TaskSpec(**spec), partition)
+
+
+def _imported_version(module: str) -> str:
+    """The version this interpreter imports (what unpickling will use), or why it cannot."""
+    import importlib
+
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception as exc:
+        return f"not importable ({type(exc).__name__}: {exc})"
+
+
+def _installed_version(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not installed"
