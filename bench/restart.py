@@ -38,7 +38,8 @@ sys.path.insert(0, str(HERE))
 
 
 def measure(folder: Path) -> dict[str, float]:
-    """Seconds from the kill to: the new rank 0 process, its checkpoint loaded, its first step."""
+    """Seconds from the kill to: the new rank 0 process, torch imported, the process group up,
+    the checkpoint loaded, the first step done ("total")."""
     kill = json.loads((folder / "kill.json").read_text())["time"]
     events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     after = [e for e in events if e["start"] > 0]
@@ -48,6 +49,8 @@ def measure(folder: Path) -> dict[str, float]:
     return {
         "total": e["first_step"] - kill,
         "to process": e["created"] - kill,
+        "to imported": e["imported"] - kill,
+        "to connected": e["connected"] - kill,
         "to loaded": e["loaded"] - kill,
     }
 

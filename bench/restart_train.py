@@ -30,7 +30,9 @@ def main(folder: str) -> int:
 
     from hora.checkpoint import Checkpoint
 
+    imported = time.time()
     dist.init_process_group("gloo")
+    connected = time.time()
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     layers: list[nn.Module] = []
@@ -62,6 +64,8 @@ def main(folder: str) -> int:
         if step == start and rank == 0:
             event = {
                 "created": psutil.Process().create_time(),
+                "imported": imported,
+                "connected": connected,
                 "loaded": loaded,
                 "first_step": time.time(),
                 "start": start,
