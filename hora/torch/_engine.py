@@ -239,6 +239,12 @@ class Engine:
     def failed(self) -> str | None:
         return self._error
 
+    @property
+    def broken(self) -> bool:
+        """Stopped by a failure (an error on some rank's engine, a lost peer), not by a rank's
+        `shutdown()`: every rank's engine stopped with it, so every rank may start anew."""
+        return self._error is not None and self._error != SHUT_DOWN
+
     def _wake(self) -> None:
         try:  # noqa: SIM105 - a hot path: suppress() costs a context manager per call
             self._wake_w.send(b"\0")
@@ -267,8 +273,8 @@ class Engine:
     def _tell_peers(self, reason: str) -> None:
         """Best effort: make the other ranks fail now rather than at their backend's timeout."""
         try:
-            if self._sock is not None:
-                _channel.send_msg(self._sock, (self._drops_seen, [_SHUTDOWN]))
+            if self._sock is not None:  # the reason, not _SHUTDOWN: this is no orderly stop
+                _channel.send_msg(self._sock, (self._drops_seen, [Shutdown(reason)]))
             payload = _channel.pack([Shutdown(reason)])
             for peer in self._peers.values():
                 _channel.send_payload(peer, payload)
@@ -383,6 +389,8 @@ class Engine:
                         shutdown = shutdown or SHUT_DOWN
                     elif item == _JOIN:
                         coord.join(rank)
+                    elif type(item) is Shutdown:  # that rank's engine failed
+                        shutdown = shutdown or item.reason
                     else:
                         coord.submit(rank, item)
                 coord.ack(rank, drops_seen)

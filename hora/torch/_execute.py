@@ -45,6 +45,9 @@ _REDUCE_OPS = {
     Product: dist.ReduceOp.PRODUCT,
 }
 _ALIGN = 16  # byte offsets inside a fused buffer, so that every slice can be viewed as its dtype
+# Newer torch renamed these two and warns (FutureWarning, on every rank) at each old-name call.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 # Counters the tests read to see fusion at work (never timings).
 stats: Counter[str] = Counter()
@@ -343,7 +346,7 @@ def _allgather(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, devic
     recv = torch.empty(seg * info.size, dtype=torch.uint8, device=dev)
     _end(names, "MEMCPY_IN_FUSION_BUFFER")
     if info.size > 1 and seg:
-        _collective(names, ALLGATHER, info, device, dist.all_gather_into_tensor, recv, send)
+        _collective(names, ALLGATHER, info, device, _all_gather_single, recv, send)
     elif seg:
         recv.copy_(send)
     _begin(names, "MEMCPY_OUT_FUSION_BUFFER")
@@ -481,7 +484,7 @@ def _reducescatter(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, d
                 REDUCESCATTER,
                 info,
                 device,
-                dist.reduce_scatter_tensor,
+                _reduce_scatter_single,
                 out,
                 work,
                 op=_REDUCE_OPS[ref.op],

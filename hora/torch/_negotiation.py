@@ -149,6 +149,22 @@ def validate(name: str, requests: dict[int, Request], members: tuple[int, ...]) 
     return None
 
 
+# Horovod's controller refuses these while a member has joined (a joined rank has no tensor to
+# contribute rows or a root's data from); the ranks that submitted get the error, joined ranks
+# go on waiting in join(). Allreduce (zeros) and reducescatter (zeros) go ahead.
+_JOIN_REFUSALS = {
+    ALLGATHER: "Allgather is not supported with Join at this time. Specify sparse_as_dense=True "
+    "if using DistributedOptimizer",
+    BROADCAST: "Broadcast is not supported with Join at this time.",
+    ALLTOALL: "Alltoall is not supported with Join at this time.",
+}
+
+
+def _join_refusal(kind: str, name: str) -> str | None:
+    refusal = _JOIN_REFUSALS.get(kind)
+    return None if refusal is None else f"{refusal} (tensor '{name}')"
+
+
 class Coordinator:
     """Rank 0's bookkeeping of every rank's requests; `take()` hands out what may run now."""
 
@@ -273,13 +289,7 @@ class Coordinator:
         del self._pending[key]
         message = validate(key[1], requests, members)
         if message is None and len(requests) < len(members):
-            kind = next(iter(requests.values())).kind
-            if kind == ALLTOALL:
-                message = f"alltoall is not supported after a rank called join (tensor '{key[1]}')"
-            elif kind == BROADCAST:
-                root = next(iter(requests.values())).root
-                if root not in requests:
-                    message = f"Broadcast root rank {root} has already joined (tensor '{key[1]}')"
+            message = _join_refusal(next(iter(requests.values())).kind, key[1])
         if message is not None:
             if key in self._cache:
                 self._drop(key)  # every rank forgets it: the next submission is checked in full

@@ -244,8 +244,9 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Reduce `tensor` in place and return it (the same object)."""
+    op = _resolve_op(average, op)  # here, so a deprecation warning names the caller's line
     return synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        allreduce_async_(tensor, None, name, op, prescale_factor, postscale_factor, process_set)
     )
 
 
@@ -312,9 +313,10 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """Reduce a list in place; returns the same tensor objects."""
+    op = _resolve_op(average, op)  # here, so a deprecation warning names the caller's line
     return synchronize(
         grouped_allreduce_async_(
-            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+            tensors, None, name, op, prescale_factor, postscale_factor, process_set
         )
     )
 
@@ -366,6 +368,58 @@ def grouped_allgather(
     from hora.torch._autograd import HorovodGroupedAllgather
 
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+
+
+# ----- sparse allreduce ------------------------------------------------------------------------
+class SparseHandle:
+    """What `sparse_allreduce_async` returns: `synchronize(handle)` (or `handle()`, as Horovod's
+    handle is a function) waits for both allgathers and gives the reduced sparse tensor."""
+
+    __slots__ = ("_divisor", "_indices", "_shape", "_values")
+
+    def __init__(self, indices: int, values: int, shape: torch.Size, divisor: int) -> None:
+        self._indices, self._values, self._shape, self._divisor = indices, values, shape, divisor
+
+    def poll(self) -> bool:
+        return poll(self._indices) and poll(self._values)
+
+    def __call__(self) -> torch.Tensor:
+        values = synchronize(self._values)
+        indices = synchronize(self._indices)
+        if self._divisor > 1:
+            values = values / self._divisor
+        # Duplicate indices (the same row from several ranks) are summed by coalescing.
+        return torch.sparse_coo_tensor(
+            indices.t(), values, self._shape, check_invariants=False
+        ).coalesce()  # (explicit: torch warns on every call that leaves the checks implicit)
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+) -> SparseHandle:
+    """Start reducing a sparse COO tensor as Horovod does: an allgather of its indices and one
+    of its values (only the non-zero rows travel). Average and Sum only."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor; use allreduce")
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async supports only op=Average and op=Sum")
+    _group(process_set)
+    t = tensor.coalesce()
+    # Allgather concatenates on dim 0: indices travel transposed, one row per non-zero.
+    indices = _allgather_async(
+        [t.indices().t().contiguous()],
+        None if name is None else f"{name}.indices",
+        process_set,
+        False,
+    )
+    values = _allgather_async(
+        [t.values().contiguous()], None if name is None else f"{name}.values", process_set, False
+    )
+    divisor = len(process_set.ranks) if op == Average else 1
+    return SparseHandle(indices, values, t.shape, divisor)
 
 
 # ----- broadcast -------------------------------------------------------------------------------
@@ -453,6 +507,31 @@ def _split_list(tensor: torch.Tensor, splits: Any, n: int) -> tuple[int, ...]:
     return tuple(values)
 
 
+def _alltoall_async(
+    tensor: torch.Tensor,
+    splits: torch.Tensor | None,
+    name: str | None,
+    process_set: ProcessSet,
+    with_received: bool,
+) -> int:
+    """Start an alltoall; its handle yields `(output, received_splits)` when `with_received`."""
+    _, info = _group(process_set)
+    values = _split_list(tensor, splits, info.size)
+    return _submit(
+        ALLTOALL,
+        [tensor],
+        name,
+        process_set,
+        inplace=False,
+        finish=_first if with_received else _first_of_first,
+        splits=(values,),
+    )
+
+
+def _first_of_first(outputs: list[Any]) -> Any:
+    return outputs[0][0]
+
+
 def alltoall_async(
     tensor: torch.Tensor,
     splits: torch.Tensor | None = None,
@@ -460,15 +539,7 @@ def alltoall_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an alltoall: rows `splits[i]` go to rank i of the set (even split when None)."""
-    _, info = _group(process_set)
-    values = _split_list(tensor, splits, info.size)
-
-    def finish(outputs: list[Any]) -> Any:
-        return outputs[0][0] if splits is None else outputs[0]
-
-    return _submit(
-        ALLTOALL, [tensor], name, process_set, inplace=False, finish=finish, splits=(values,)
-    )
+    return _alltoall_async(tensor, splits, name, process_set, splits is not None)
 
 
 def alltoall(
@@ -581,14 +652,18 @@ def grouped_reducescatter(
 
 
 # ----- synchronisation -------------------------------------------------------------------------
-def poll(handle: int) -> bool:
+def poll(handle: int | SparseHandle) -> bool:
     """True once the operation behind `handle` has finished (never blocks)."""
-    return _state.get().engine.poll(handle)
+    if type(handle) is SparseHandle:
+        return handle.poll()
+    return _state.get().engine.poll(handle)  # type: ignore[arg-type]
 
 
-def synchronize(handle: int) -> Any:
+def synchronize(handle: int | SparseHandle) -> Any:
     """Wait for `handle` and return its output; raises HorovodInternalError if it failed."""
-    return _state.get().engine.synchronize(handle)
+    if type(handle) is SparseHandle:
+        return handle()
+    return _state.get().engine.synchronize(handle)  # type: ignore[arg-type]
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
@@ -598,7 +673,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 
 def join(device: int = -1) -> int:
     """Wait until every rank has joined; until then this rank contributes zeros to the others'
-    allreduces (and nothing to their allgathers). Returns the last rank to join."""
+    allreduces and reducescatters, while their allgathers, broadcasts and alltoalls raise
+    HorovodInternalError (as in Horovod). Returns the last rank to join."""
     state = _state.get()
     if device >= 0 and torch.cuda.is_available():
         torch.cuda.set_device(device)
@@ -663,5 +739,6 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "synchronize",
 ]

@@ -24,9 +24,9 @@ from hora.torch.mpi_ops import (
     Adasum,
     Average,
     ProcessSet,
-    allgather_async,
     global_process_set,
     grouped_allreduce_async_,
+    sparse_allreduce_async,
     synchronize,
 )
 
@@ -131,6 +131,11 @@ class _DistributedOptimizer:
         if self._reducing:
             self._make_buckets()
             self._register_hooks()
+
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:
+        """Horovod's attribute for the parameter -> name map: scripts and tests read it."""
+        return self._names
 
     # --- set-up -------------------------------------------------------------------------------
     def _trainable(self) -> list[torch.Tensor]:
@@ -237,24 +242,12 @@ class _DistributedOptimizer:
 
     def _sparse_allreduce_async(self, p: torch.Tensor) -> Callable[[], torch.Tensor]:
         """Sparse gradients travel as an allgather of indices and values, summed by coalescing."""
-        grad = p.grad.coalesce()
-        name = f"DistributedOptimizer.{self._names[p]}"
-        indices = allgather_async(
-            grad.indices().t().contiguous(), name=f"{name}.indices", process_set=self.process_set
+        return sparse_allreduce_async(
+            p.grad,
+            name=f"DistributedOptimizer.{self._names[p]}",
+            op=self.op,
+            process_set=self.process_set,
         )
-        values = allgather_async(
-            grad.values().contiguous(), name=f"{name}.values", process_set=self.process_set
-        )
-        size, op = self.process_set.size(), self.op
-
-        def finish() -> torch.Tensor:
-            v = synchronize(values)
-            i = synchronize(indices)
-            if op == Average:
-                v = v / size
-            return torch.sparse_coo_tensor(i.t(), v, grad.shape).coalesce()
-
-        return finish
 
     # --- public API ---------------------------------------------------------------------------
     def synchronize(self) -> None:
