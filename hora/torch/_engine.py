@@ -174,8 +174,11 @@ class Engine:
             self._counters[key] = n + 1
         return f"{kind}.noname.{n}"
 
-    def submit(self, op: Op) -> int:
-        """Queue `op` and return its handle; a duplicate in-flight name raises ValueError."""
+    def submit(self, op: Op, flush: bool = False) -> int:
+        """Queue `op` and return its handle; a duplicate in-flight name raises ValueError.
+
+        `flush`: the caller will wait for it next, so send it (and what is queued) at once
+        rather than at the end of the gathering cycle (one wake-up of the engine, not two)."""
         with self._lock:
             if self._error is not None:
                 raise HorovodInternalError(self._error)
@@ -199,6 +202,8 @@ class Engine:
             self._next_handle += 1
             self._handles[handle] = op
             wake, self._idle = self._idle, False
+            if flush and not self._flush:
+                self._flush = wake = True
         rec = _th.recorder
         if rec.enabled and op.request is not None:
             rec.begin(op.request.name, "NEGOTIATE_" + op.request.kind.upper())
@@ -472,13 +477,15 @@ class Engine:
         """Apply the coordinator's decisions in order; True once the engine must stop."""
         rec = _th.recorder
         worker = self._coordinator is None
+        if worker:  # first, as everything below reads entries (a CacheDrop only ever comes last)
+            for resp in responses:
+                if isinstance(resp, Bucket):
+                    self._learn(resp)
         queued = rec.enabled
         if queued:
             self._record_queued(responses)
         for resp in responses:
             if isinstance(resp, Bucket):
-                if worker:
-                    self._learn(resp)
                 self._run(resp, queued)
             elif isinstance(resp, CacheDrop):
                 if worker:
@@ -568,9 +575,17 @@ class Engine:
             if op is None:
                 continue
             try:
-                op.complete(result=op.finish(op.local.outputs or []))
+                op.result = op.finish(op.local.outputs or [])
             except Exception as exc:  # a finishing step (e.g. a copy) failed on this rank only
-                op.complete(error=exc)
+                op.error = exc
+            op.done = True
+        # Waiters are woken once every operation of the bucket is done: a caller synchronizing
+        # them in turn then blocks (and is woken, a thread hand-over) once, not once per op.
+        for op in ops:
+            if op is not None:
+                event = op._event  # read after `done` was set: see Op
+                if event is not None:
+                    event.set()
 
     def _fail_all(self, reason: str) -> None:
         with self._lock:

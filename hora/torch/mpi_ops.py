@@ -117,9 +117,11 @@ def _submit(
     postscale: float = 1.0,
     root: int = -1,
     splits: tuple[tuple[int, ...], ...] | None = None,
+    flush: bool = False,
 ) -> int:
-    """Build the request and hand it to the engine. Every operation pays this (a model's 200
-    small gradients: 200 times a step), hence plain loops and cached dtype names."""
+    """Build the request and hand it to the engine (`flush`: see `Engine.submit`). Every
+    operation pays this (a model's 200 small gradients: 200 times a step), hence plain loops
+    and cached dtype names."""
     _check_tensors(tensors, grouped)
     state, _ = _group(process_set)
     engine = state.engine
@@ -149,7 +151,7 @@ def _submit(
     if device == "cuda":  # the engine waits for the kernels queued so far on this stream
         local.ready = torch.cuda.Event()
         local.ready.record()
-    return engine.submit(Op(request, local, finish))
+    return engine.submit(Op(request, local, finish), flush)
 
 
 def _first(outputs: list[Any]) -> Any:
@@ -191,6 +193,7 @@ def _allreduce_async(
     process_set: ProcessSet,
     inplace: bool,
     grouped: bool,
+    flush: bool = False,
 ) -> int:
     return _submit(
         ALLREDUCE,
@@ -203,6 +206,7 @@ def _allreduce_async(
         op=op,
         prescale=float(prescale_factor),
         postscale=float(postscale_factor),
+        flush=flush,
     )
 
 

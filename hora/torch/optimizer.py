@@ -25,9 +25,10 @@ from hora.torch.mpi_ops import (
     Adasum,
     Average,
     ProcessSet,
+    _allreduce_async,
+    _resolve_op,
     allgather_async,
     global_process_set,
-    grouped_allreduce_async_,
     synchronize,
 )
 
@@ -257,13 +258,19 @@ class _DistributedOptimizer:
             sent.append(tensor)
             ctxs.append(ctx)
         pre, post = self._scale_factors()
-        handle = grouped_allreduce_async_(
+        # The step's last bucket (or one sent by synchronize()) is waited for next: it goes to
+        # the engine with a flush, so it travels at once instead of after a gathering cycle.
+        last = len(self._pending) + 1 >= len(self._buckets)
+        handle = _allreduce_async(  # grouped, in place
             sent,
-            name=f"DistributedOptimizer.{self._names[members[0][0][0]]}",
-            op=self.op,
-            prescale_factor=pre,
-            postscale_factor=post,
-            process_set=self.process_set,
+            f"DistributedOptimizer.{self._names[members[0][0][0]]}",
+            _resolve_op(None, self.op),
+            pre,
+            post,
+            self.process_set,
+            True,
+            True,
+            flush=last,
         )
         self._pending[index] = _Pending(handle, members, sent, ctxs)
 
