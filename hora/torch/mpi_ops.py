@@ -93,6 +93,16 @@ def _check_tensors(tensors: Tensors, grouped: bool) -> None:
         raise ValueError("All tensors of a grouped operation must be on the same device")
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return name
+
+
 def _submit(
     kind: str,
     tensors: Tensors,
@@ -102,29 +112,46 @@ def _submit(
     inplace: bool,
     finish: Any,
     grouped: bool = False,
-    **fields: Any,
+    op: int = Sum,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root: int = -1,
+    splits: tuple[tuple[int, ...], ...] | None = None,
+    flush: bool = False,
 ) -> int:
+    """Build the request and hand it to the engine (`flush`: see `Engine.submit`). Every
+    operation pays this (a model's 200 small gradients: 200 times a step), hence plain loops
+    and cached dtype names."""
     _check_tensors(tensors, grouped)
     state, _ = _group(process_set)
     engine = state.engine
     ps_id: int = process_set.process_set_id  # type: ignore[assignment]
     full = f"{kind}.{name}" if name is not None else engine.generated_name(kind, ps_id)
+    dtypes, shapes, nbytes = [], [], 0
+    for t in tensors:
+        dtypes.append(_dtype_name(t.dtype))
+        shapes.append(tuple(t.shape))
+        nbytes += t.numel() * t.element_size()
     device = "cuda" if tensors and tensors[0].is_cuda else "cpu"
     request = Request(
-        name=full,
-        kind=kind,
-        process_set_id=ps_id,
-        dtypes=tuple(dtype_name(t.dtype) for t in tensors),
-        shapes=tuple(tuple(t.shape) for t in tensors),
-        device=device,
-        nbytes=sum(t.numel() * t.element_size() for t in tensors),
-        **fields,
+        full,
+        kind,
+        ps_id,
+        tuple(dtypes),
+        tuple(shapes),
+        device,
+        nbytes,
+        op,
+        prescale,
+        postscale,
+        root,
+        splits,
     )
     local = LocalOp(list(tensors), inplace)
     if device == "cuda":  # the engine waits for the kernels queued so far on this stream
         local.ready = torch.cuda.Event()
         local.ready.record()
-    return engine.submit(Op(request, local, finish))
+    return engine.submit(Op(request, local, finish), flush)
 
 
 def _first(outputs: list[Any]) -> Any:
@@ -166,6 +193,7 @@ def _allreduce_async(
     process_set: ProcessSet,
     inplace: bool,
     grouped: bool,
+    flush: bool = False,
 ) -> int:
     return _submit(
         ALLREDUCE,
@@ -178,6 +206,7 @@ def _allreduce_async(
         op=op,
         prescale=float(prescale_factor),
         postscale=float(postscale_factor),
+        flush=flush,
     )
 
 
