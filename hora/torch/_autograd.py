@@ -128,13 +128,10 @@ class HorovodAlltoall(Function):
     def forward(ctx: Any, tensor, splits, name, process_set):  # type: ignore[override]
         ctx.process_set = process_set
         ctx.shape = tensor.shape
-        handle = mpi_ops.alltoall_async(tensor, splits, name, process_set)
-        output = mpi_ops.synchronize(handle)
-        if splits is None:
-            n = len(process_set.ranks)
-            received = torch.full((n,), tensor.shape[0] // n, dtype=torch.int32)
-        else:
-            output, received = output
+        # The rows each rank sent here, also for an even split (ranks' dim 0 may differ): the
+        # gradient goes back by exactly these splits.
+        handle = mpi_ops._alltoall_async(tensor, splits, name, process_set, True)
+        output, received = mpi_ops.synchronize(handle)
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return output, received

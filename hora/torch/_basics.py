@@ -95,10 +95,18 @@ def init(
     comm: Sequence[int] | None = None,
     process_sets: Sequence[ProcessSet] | str | None = None,
 ) -> None:
-    """Start hora.torch on this process: every rank calls it; a second call does nothing."""
+    """Start hora.torch on this process: every rank calls it; a second call does nothing.
+
+    After a failure stopped the engine (an error on some rank's engine thread, a lost peer),
+    every op raises HorovodInternalError until the next `init()`, which starts a fresh world as
+    `shutdown()` then `init()` would: the next test of a suite begins from a working world.
+    After a peer's own `shutdown()` it stays a no-op, as in Horovod (call `shutdown()` first).
+    """
     global _atexit_registered, _created_default_group
     if _state.current is not None:
-        return
+        if not _state.current.engine.broken:
+            return
+        shutdown()
     if dist.is_initialized():
         rank, size = dist.get_rank(), dist.get_world_size()
     elif _init_torch_distributed():

@@ -32,6 +32,7 @@ from hora.torch._negotiation import (
     JoinDone,
     Request,
     Response,
+    expand,
 )
 from hora.torch._stall import StallInspector, StallSettings
 
@@ -144,10 +145,18 @@ class Engine:
         # True while the engine thread sleeps with nothing queued: only then does a submission
         # pay for a wake-up (a syscall and a GIL hand-over); a busy thread re-reads the queue.
         self._idle = False
-        # Set by a caller that blocks on an operation: a worker rank sends what it holds now
-        # instead of waiting out the cycle, since that caller will submit nothing more until it
-        # returns. (Rank 0 hands its requests to the coordinator at once: it never holds any.)
+        # When the queue last went from empty to not empty: submissions gather for up to one
+        # cycle (HOROVOD_CYCLE_TIME) before the engine takes them, so that a caller issuing many
+        # operations is not interrupted by the engine thread for each one (every hand-over of
+        # the GIL costs both threads), and they travel and fuse together.
+        self._queued_since = 0.0
+        # Set by a caller that blocks on an operation: the engine takes and sends what is queued
+        # now instead of waiting out the cycle, since that caller will submit nothing more until
+        # it returns.
         self._flush = False
+        # True while a worker's engine holds taken requests it has not sent yet: with an empty
+        # queue as well, a blocking caller has nothing to flush and need not wake the thread.
+        self._holding = False
         self._single_threaded = threading.Event()
         threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._main, name="hora-torch-engine", daemon=True)
@@ -166,8 +175,11 @@ class Engine:
             self._counters[key] = n + 1
         return f"{kind}.noname.{n}"
 
-    def submit(self, op: Op) -> int:
-        """Queue `op` and return its handle; a duplicate in-flight name raises ValueError."""
+    def submit(self, op: Op, flush: bool = False) -> int:
+        """Queue `op` and return its handle; a duplicate in-flight name raises ValueError.
+
+        `flush`: the caller will wait for it next, so send it (and what is queued) at once
+        rather than at the end of the gathering cycle (one wake-up of the engine, not two)."""
         with self._lock:
             if self._error is not None:
                 raise HorovodInternalError(self._error)
@@ -184,11 +196,15 @@ class Engine:
                         "pending operations must be unique."
                     )
                 self._inflight[key] = op
+                if not self._queue:
+                    self._queued_since = time.monotonic()
                 self._queue.append(op.request)
             handle = self._next_handle
             self._next_handle += 1
             self._handles[handle] = op
             wake, self._idle = self._idle, False
+            if flush and not self._flush:
+                self._flush = wake = True
         rec = _th.recorder
         if rec.enabled and op.request is not None:
             rec.begin(op.request.name, "NEGOTIATE_" + op.request.kind.upper())
@@ -213,7 +229,7 @@ class Engine:
         op = self._handles.get(handle)
         if op is None:
             raise ValueError(f"Handle {handle} was not created or has been cleared.")
-        if self._coordinator is None and not op.done and not self._flush:
+        if not op.done and not self._flush and (self._queue or self._holding):
             self._flush = True
             self._wake()
         op.wait()
@@ -228,6 +244,7 @@ class Engine:
             with self._lock:
                 self._queue.append(_SHUTDOWN)
                 self._idle = False
+                self._flush = True
             self._wake()
             self._thread.join(timeout)
         self._fail_all(SHUT_DOWN)
@@ -238,6 +255,12 @@ class Engine:
     @property
     def failed(self) -> str | None:
         return self._error
+
+    @property
+    def broken(self) -> bool:
+        """Stopped by a failure (an error on some rank's engine, a lost peer), not by a rank's
+        `shutdown()`: every rank's engine stopped with it, so every rank may start anew."""
+        return self._error is not None and self._error != SHUT_DOWN
 
     def _wake(self) -> None:
         try:  # noqa: SIM105 - a hot path: suppress() costs a context manager per call
@@ -267,8 +290,8 @@ class Engine:
     def _tell_peers(self, reason: str) -> None:
         """Best effort: make the other ranks fail now rather than at their backend's timeout."""
         try:
-            if self._sock is not None:
-                _channel.send_msg(self._sock, (self._drops_seen, [_SHUTDOWN]))
+            if self._sock is not None:  # the reason, not _SHUTDOWN: this is no orderly stop
+                _channel.send_msg(self._sock, (self._drops_seen, [Shutdown(reason)]))
             payload = _channel.pack([Shutdown(reason)])
             for peer in self._peers.values():
                 _channel.send_payload(peer, payload)
@@ -280,7 +303,34 @@ class Engine:
         with self._lock:
             items, self._queue = self._queue, []
             self._idle = idle_if_empty and not items
+            if items:
+                self._holding = True  # under the lock: a blocking caller sees queue or this
         return items
+
+    def _take_due(self) -> list[Any]:
+        """Rank 0's take: what was submitted, once it is due (see `_gather_time`)."""
+        with self._lock:
+            if not self._queue:
+                return []
+            if not self._flush:
+                now = time.monotonic()
+                if now < self._queued_since + self.config.cycle_time_s:
+                    return []
+            self._flush = False  # rank 0 takes all it holds at once: a flush is served
+            items, self._queue = self._queue, []
+        return items
+
+    def _gather_time(self) -> float | None:
+        """How long the queue may still gather before the engine takes it: 0.0 once a caller
+        blocks (flush) or the first queued item has waited a cycle; None when nothing is queued
+        (the thread is then idle: the next submission wakes it)."""
+        with self._lock:
+            if not self._queue:
+                self._idle = True
+                return None
+            if self._flush:
+                return 0.0
+            return max(0.0, self._queued_since + self.config.cycle_time_s - time.monotonic())
 
     def _mark_idle(self) -> bool:
         """Declare the thread about to sleep; False (and stay awake) if work arrived meanwhile."""
@@ -313,26 +363,29 @@ class Engine:
         sel.register(self._wake_r, selectors.EVENT_READ)
         sel.register(sock, selectors.EVENT_READ)
         unsent: list[Any] = []
-        last_send = 0.0
+        first_unsent = 0.0
         stopping_since: float | None = None
         cycle = self.config.cycle_time_s
         while True:
             flush, self._flush = self._flush, False  # read before the queue: none is missed
+            now = time.monotonic()
             for item in self._take_queue():
                 if not self._apply_control(item):
+                    if not unsent:
+                        first_unsent = now
                     unsent.append(item)
-            now = time.monotonic()
-            if unsent and (flush or now - last_send >= cycle or _SHUTDOWN in unsent):
+            if unsent and (flush or now - first_unsent >= cycle or _SHUTDOWN in unsent):
                 if _th.recorder.enabled:
                     _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
                 ids = self._cache_ids  # a cached request travels as its id
                 _channel.send_msg(sock, (self._drops_seen, [ids.get(i, i) for i in unsent]))
                 if _SHUTDOWN in unsent:
                     stopping_since = now
-                unsent, last_send = [], now
+                unsent = []
+                self._holding = False
             if stopping_since is not None and now - stopping_since > self.config.timeout_s:
                 raise ConnectionError("the coordinator did not acknowledge shutdown")
-            timeout = max(0.0, last_send + cycle - now) if unsent else None
+            timeout = max(0.0, first_unsent + cycle - now) if unsent else None
             if stopping_since is not None:
                 timeout = 0.5
             if timeout is None and not self._mark_idle():
@@ -359,8 +412,9 @@ class Engine:
         stall = StallInspector(self.config.stall, coord)
         while True:
             timeout = stall.wake_in()
-            if not self._mark_idle():
-                timeout = 0.0
+            gather = self._gather_time()
+            if gather is not None:
+                timeout = gather if timeout is None else min(timeout, gather)
             ready = sel.select(timeout)
             if _th.recorder.enabled:
                 _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
@@ -383,10 +437,12 @@ class Engine:
                         shutdown = shutdown or SHUT_DOWN
                     elif item == _JOIN:
                         coord.join(rank)
+                    elif type(item) is Shutdown:  # that rank's engine failed
+                        shutdown = shutdown or item.reason
                     else:
                         coord.submit(rank, item)
                 coord.ack(rank, drops_seen)
-            for item in self._take_queue():
+            for item in self._take_due():
                 if self._apply_control(item):
                     continue
                 if item == _SHUTDOWN:
@@ -414,17 +470,15 @@ class Engine:
         """Apply the coordinator's decisions in order; True once the engine must stop."""
         rec = _th.recorder
         worker = self._coordinator is None
+        if worker:  # first, as everything below reads entries (a CacheDrop only ever comes last)
+            for resp in responses:
+                if isinstance(resp, Bucket):
+                    self._learn(resp)
         queued = rec.enabled
         if queued:
             self._record_queued(responses)
         for resp in responses:
             if isinstance(resp, Bucket):
-                if worker:
-                    for e in resp.entries:
-                        if e.cache_id >= 0:
-                            ref = e.ref
-                            self._cache_ids[ref] = e.cache_id
-                            self._cache_sigs[e.cache_id] = ref
                 self._run(resp, queued)
             elif isinstance(resp, CacheDrop):
                 if worker:
@@ -452,6 +506,15 @@ class Engine:
                 self._fail_all(resp.reason)
                 return True
         return False
+
+    def _learn(self, bucket: Bucket) -> None:
+        """A worker's side of the response cache: remember the ids this bucket announces and
+        expand the hits that travelled as bare ids."""
+        info = self.process_sets.get(bucket.process_set_id)
+        expand(bucket, self._cache_sigs, info.ranks if info is not None else ())
+        for e in bucket.entries:
+            if e.cache_id >= 0:
+                self._cache_ids[self._cache_sigs[e.cache_id]] = e.cache_id
 
     def _member(self, bucket: Bucket) -> bool:
         info = self.process_sets.get(bucket.process_set_id)
@@ -505,9 +568,17 @@ class Engine:
             if op is None:
                 continue
             try:
-                op.complete(result=op.finish(op.local.outputs or []))
+                op.result = op.finish(op.local.outputs or [])
             except Exception as exc:  # a finishing step (e.g. a copy) failed on this rank only
-                op.complete(error=exc)
+                op.error = exc
+            op.done = True
+        # Waiters are woken once every operation of the bucket is done: a caller synchronizing
+        # them in turn then blocks (and is woken, a thread hand-over) once, not once per op.
+        for op in ops:
+            if op is not None:
+                event = op._event  # read after `done` was set: see Op
+                if event is not None:
+                    event.set()
 
     def _fail_all(self, reason: str) -> None:
         with self._lock:

@@ -54,6 +54,7 @@ class Entry(NamedTuple):
     name: str
     requests: dict[int, Request]
     cache_id: int = -1  # >= 0: every rank now knows this request's signature by this id
+    cached: int = -1  # >= 0: a response-cache hit: every rank already knows it by this id
 
     @property
     def ref(self) -> Request:
@@ -61,11 +62,35 @@ class Entry(NamedTuple):
 
 
 class Bucket(NamedTuple):
-    """Operations run together: one fused backend call (per dtype) when `kind` is fusable."""
+    """Operations run together: one fused backend call (per dtype) when `kind` is fusable.
+
+    On the wire a cache hit travels as its bare id (`__reduce__`), which each worker turns back
+    into an entry (`expand`): pickling and unpickling a full entry cost ~15 us per operation.
+    """
 
     kind: str
     process_set_id: int
     entries: list[Entry]
+
+    def __reduce__(self) -> tuple[type, tuple[str, int, list[Entry | int]]]:
+        entries = [e.cached if e.cached >= 0 else e for e in self.entries]
+        return (Bucket, (self.kind, self.process_set_id, entries))  # type: ignore[return-value]
+
+
+def expand(bucket: Bucket, known: dict[int, Request], ranks: tuple[int, ...]) -> None:
+    """Turn a received bucket's bare cache ids back into entries, in place, and add the ids it
+    announces to `known` (id -> request) as they come; `ranks`: the process set's members (a
+    hit had every member)."""
+    entries: list[Entry | int] = bucket.entries  # type: ignore[assignment]
+    keep_all = bucket.kind in (ALLGATHER, ALLTOALL)
+    first = ranks[0] if ranks else 0
+    for i, e in enumerate(entries):
+        if type(e) is int:
+            req = known[e]
+            requests = dict.fromkeys(ranks, req) if keep_all else {first: req}
+            entries[i] = Entry(req.name, requests, -1, e)
+        elif e.cache_id >= 0:  # type: ignore[union-attr]
+            known[e.cache_id] = e.ref  # type: ignore[union-attr]
 
 
 class Failure(NamedTuple):
@@ -149,6 +174,22 @@ def validate(name: str, requests: dict[int, Request], members: tuple[int, ...]) 
     return None
 
 
+# Horovod's controller refuses these while a member has joined (a joined rank has no tensor to
+# contribute rows or a root's data from); the ranks that submitted get the error, joined ranks
+# go on waiting in join(). Allreduce (zeros) and reducescatter (zeros) go ahead.
+_JOIN_REFUSALS = {
+    ALLGATHER: "Allgather is not supported with Join at this time. Specify sparse_as_dense=True "
+    "if using DistributedOptimizer",
+    BROADCAST: "Broadcast is not supported with Join at this time.",
+    ALLTOALL: "Alltoall is not supported with Join at this time.",
+}
+
+
+def _join_refusal(kind: str, name: str) -> str | None:
+    refusal = _JOIN_REFUSALS.get(kind)
+    return None if refusal is None else f"{refusal} (tensor '{name}')"
+
+
 class Coordinator:
     """Rank 0's bookkeeping of every rank's requests; `take()` hands out what may run now."""
 
@@ -158,7 +199,8 @@ class Coordinator:
         self.members: dict[int, tuple[int, ...]] = {0: tuple(range(size))}
         self._pending: dict[tuple[int, str], dict[int, Request]] = {}
         self._joined: dict[int, None] = {}
-        self._out: list[tuple[int, str, dict[int, Request], int] | Failure | JoinDone] = []
+        # Ready operations as (process set, name, requests, new cache id, hit cache id).
+        self._out: list[tuple[int, str, dict[int, Request], int, int] | Failure | JoinDone] = []
         # Response cache (Horovod's): a request every rank agreed on gets an id, which workers
         # then send instead of the pickled request. Keyed by (process set, name), in LRU order;
         # ids are never reused. A dropped id stays resolvable ("retired") until every worker has
@@ -195,7 +237,8 @@ class Coordinator:
 
     def submit_cached(self, rank: int, cache_id: int) -> None:
         self.cached_submissions += 1
-        self.submit(rank, self.resolve(cache_id))
+        req = self._by_id.get(cache_id)
+        self.submit(rank, req if req is not None else self.resolve(cache_id))
 
     def ack(self, rank: int, drop_seq: int) -> None:
         """`rank` had applied `drop_seq` CacheDrops when it chose the ids it just sent."""
@@ -254,8 +297,15 @@ class Coordinator:
                 Failure(req.process_set_id, req.name, f"Unknown process set {req.process_set_id}")
             )
             return
-        self._pending.setdefault(key, {})[rank] = req
-        self._check(key)
+        cached = self._cache.get(key)
+        if cached is not None and cached[1] == req:
+            req = cached[1]  # the cached object itself: `_check` recognises a hit by identity
+        requests = self._pending.get(key)
+        if requests is None:
+            self._pending[key] = requests = {}
+        requests[rank] = req
+        if len(requests) + len(self._joined) >= len(members):  # else some member is missing
+            self._check(key)
 
     def join(self, rank: int) -> None:
         self._joined[rank] = None
@@ -268,18 +318,16 @@ class Coordinator:
     def _check(self, key: tuple[int, str]) -> None:
         requests = self._pending[key]
         members = self.members[key[0]]
-        if not all(r in requests for r in members if r not in self._joined):
-            return
+        joined = self._joined
+        for r in members:
+            if r not in requests and r not in joined:
+                return
         del self._pending[key]
+        if len(requests) == len(members) and self._hit(key, requests):
+            return
         message = validate(key[1], requests, members)
         if message is None and len(requests) < len(members):
-            kind = next(iter(requests.values())).kind
-            if kind == ALLTOALL:
-                message = f"alltoall is not supported after a rank called join (tensor '{key[1]}')"
-            elif kind == BROADCAST:
-                root = next(iter(requests.values())).root
-                if root not in requests:
-                    message = f"Broadcast root rank {root} has already joined (tensor '{key[1]}')"
+            message = _join_refusal(next(iter(requests.values())).kind, key[1])
         if message is not None:
             if key in self._cache:
                 self._drop(key)  # every rank forgets it: the next submission is checked in full
@@ -292,15 +340,30 @@ class Coordinator:
             first = next(it)
             if all(r is first or r == first for r in it):
                 cid = self._remember(key, first)
-        self._out.append((key[0], key[1], requests, cid))
+        self._out.append((key[0], key[1], requests, cid, -1))
+
+    def _hit(self, key: tuple[int, str], requests: dict[int, Request]) -> bool:
+        """Every member sent the cached request (checked in full when it was cached): it is
+        ready without validation, and travels to the workers as its id."""
+        cached = self._cache.get(key)
+        if cached is None:
+            return False
+        ref = cached[1]
+        for r in requests.values():
+            if r is not ref:
+                return False
+        del self._cache[key]
+        self._cache[key] = cached  # most recently used
+        self._out.append((key[0], key[1], requests, -1, cached[0]))
+        return True
 
     def take(self) -> list[Response]:
         """Everything decided since the last call, ready operations cut into fusion buckets."""
         out, self._out = self._out, []
         responses: list[Response] = []
-        run: list[tuple[int, str, dict[int, Request], int]] = []
+        run: list[tuple[int, str, dict[int, Request], int, int]] = []
         for item in out:
-            if isinstance(item, tuple) and not isinstance(item, Failure | JoinDone):
+            if type(item) is tuple:  # a ready operation (Failure and JoinDone are subclasses)
                 run.append(item)  # type: ignore[arg-type]
                 continue
             responses.extend(self._plan(run))
@@ -317,14 +380,16 @@ class Coordinator:
                 self._retired.clear()
         return responses
 
-    def _plan(self, ready: list[tuple[int, str, dict[int, Request], int]]) -> list[Bucket]:
+    def _plan(self, ready: list[tuple[int, str, dict[int, Request], int, int]]) -> list[Bucket]:
         """Cut ready operations into buckets: same kind and signature, up to the threshold."""
         buckets: list[Bucket] = []
         open_buckets: dict[tuple[object, ...], tuple[Bucket, list[int]]] = {}
-        for ps_id, name, requests, cid in ready:
-            ref = requests[min(requests)]
+        for ps_id, name, requests, cid, hit in ready:
+            low = min(requests)
+            ref = requests[low]
             keep_all = ref.kind in (ALLGATHER, ALLTOALL)
-            entry = Entry(name, requests if keep_all else {min(requests): ref}, cid)
+            # A hit travels as its id: its requests (all the same object) need no trimming.
+            entry = Entry(name, requests if keep_all or hit >= 0 else {low: ref}, cid, hit)
             nbytes = sum(r.nbytes for r in requests.values()) if keep_all else ref.nbytes
             if ref.kind not in _FUSABLE or self.fusion_threshold <= 0:
                 buckets.append(Bucket(ref.kind, ps_id, [entry]))

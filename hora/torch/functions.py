@@ -71,7 +71,9 @@ def broadcast_optimizer_state(
 
     An optimizer that has not stepped yet has no state to receive into; it is given one by a
     step on zero gradients, with the weights saved and put back so they do not move (weight
-    decay would otherwise shift them). `model` is accepted for Horovod compatibility.
+    decay would otherwise shift them); parameters that had no gradient keep the zero one, as
+    Horovod leaves them (scripts go on to broadcast or read those gradients). `model` is
+    accepted for Horovod compatibility.
     LBFGS keeps closures and history in its state and is refused, as in Horovod.
     """
     del model
@@ -125,7 +127,8 @@ def _initialise_state(optimizer: torch.optim.Optimizer, params: list[torch.Tenso
             optimizer.step()
         for p, value, grad in saved:
             p.copy_(value)
-            p.grad = grad
+            if grad is not None:  # as in Horovod, a parameter that had none keeps the zeros
+                p.grad = grad
 
 
 def _state_layout(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> dict[str, Any]:

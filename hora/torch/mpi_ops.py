@@ -93,6 +93,16 @@ def _check_tensors(tensors: Tensors, grouped: bool) -> None:
         raise ValueError("All tensors of a grouped operation must be on the same device")
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype_name(dtype)
+    return name
+
+
 def _submit(
     kind: str,
     tensors: Tensors,
@@ -102,29 +112,46 @@ def _submit(
     inplace: bool,
     finish: Any,
     grouped: bool = False,
-    **fields: Any,
+    op: int = Sum,
+    prescale: float = 1.0,
+    postscale: float = 1.0,
+    root: int = -1,
+    splits: tuple[tuple[int, ...], ...] | None = None,
+    flush: bool = False,
 ) -> int:
+    """Build the request and hand it to the engine (`flush`: see `Engine.submit`). Every
+    operation pays this (a model's 200 small gradients: 200 times a step), hence plain loops
+    and cached dtype names."""
     _check_tensors(tensors, grouped)
     state, _ = _group(process_set)
     engine = state.engine
     ps_id: int = process_set.process_set_id  # type: ignore[assignment]
     full = f"{kind}.{name}" if name is not None else engine.generated_name(kind, ps_id)
+    dtypes, shapes, nbytes = [], [], 0
+    for t in tensors:
+        dtypes.append(_dtype_name(t.dtype))
+        shapes.append(tuple(t.shape))
+        nbytes += t.numel() * t.element_size()
     device = "cuda" if tensors and tensors[0].is_cuda else "cpu"
     request = Request(
-        name=full,
-        kind=kind,
-        process_set_id=ps_id,
-        dtypes=tuple(dtype_name(t.dtype) for t in tensors),
-        shapes=tuple(tuple(t.shape) for t in tensors),
-        device=device,
-        nbytes=sum(t.numel() * t.element_size() for t in tensors),
-        **fields,
+        full,
+        kind,
+        ps_id,
+        tuple(dtypes),
+        tuple(shapes),
+        device,
+        nbytes,
+        op,
+        prescale,
+        postscale,
+        root,
+        splits,
     )
     local = LocalOp(list(tensors), inplace)
     if device == "cuda":  # the engine waits for the kernels queued so far on this stream
         local.ready = torch.cuda.Event()
         local.ready.record()
-    return engine.submit(Op(request, local, finish))
+    return engine.submit(Op(request, local, finish), flush)
 
 
 def _first(outputs: list[Any]) -> Any:
@@ -166,6 +193,7 @@ def _allreduce_async(
     process_set: ProcessSet,
     inplace: bool,
     grouped: bool,
+    flush: bool = False,
 ) -> int:
     return _submit(
         ALLREDUCE,
@@ -178,6 +206,7 @@ def _allreduce_async(
         op=op,
         prescale=float(prescale_factor),
         postscale=float(postscale_factor),
+        flush=flush,
     )
 
 
@@ -244,8 +273,9 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Reduce `tensor` in place and return it (the same object)."""
+    op = _resolve_op(average, op)  # here, so a deprecation warning names the caller's line
     return synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        allreduce_async_(tensor, None, name, op, prescale_factor, postscale_factor, process_set)
     )
 
 
@@ -312,9 +342,10 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """Reduce a list in place; returns the same tensor objects."""
+    op = _resolve_op(average, op)  # here, so a deprecation warning names the caller's line
     return synchronize(
         grouped_allreduce_async_(
-            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+            tensors, None, name, op, prescale_factor, postscale_factor, process_set
         )
     )
 
@@ -366,6 +397,58 @@ def grouped_allgather(
     from hora.torch._autograd import HorovodGroupedAllgather
 
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+
+
+# ----- sparse allreduce ------------------------------------------------------------------------
+class SparseHandle:
+    """What `sparse_allreduce_async` returns: `synchronize(handle)` (or `handle()`, as Horovod's
+    handle is a function) waits for both allgathers and gives the reduced sparse tensor."""
+
+    __slots__ = ("_divisor", "_indices", "_shape", "_values")
+
+    def __init__(self, indices: int, values: int, shape: torch.Size, divisor: int) -> None:
+        self._indices, self._values, self._shape, self._divisor = indices, values, shape, divisor
+
+    def poll(self) -> bool:
+        return poll(self._indices) and poll(self._values)
+
+    def __call__(self) -> torch.Tensor:
+        values = synchronize(self._values)
+        indices = synchronize(self._indices)
+        if self._divisor > 1:
+            values = values / self._divisor
+        # Duplicate indices (the same row from several ranks) are summed by coalescing.
+        return torch.sparse_coo_tensor(
+            indices.t(), values, self._shape, check_invariants=False
+        ).coalesce()  # (explicit: torch warns on every call that leaves the checks implicit)
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+) -> SparseHandle:
+    """Start reducing a sparse COO tensor as Horovod does: an allgather of its indices and one
+    of its values (only the non-zero rows travel). Average and Sum only."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async needs a sparse COO tensor; use allreduce")
+    if op not in (Average, Sum):
+        raise ValueError("sparse_allreduce_async supports only op=Average and op=Sum")
+    _group(process_set)
+    t = tensor.coalesce()
+    # Allgather concatenates on dim 0: indices travel transposed, one row per non-zero.
+    indices = _allgather_async(
+        [t.indices().t().contiguous()],
+        None if name is None else f"{name}.indices",
+        process_set,
+        False,
+    )
+    values = _allgather_async(
+        [t.values().contiguous()], None if name is None else f"{name}.values", process_set, False
+    )
+    divisor = len(process_set.ranks) if op == Average else 1
+    return SparseHandle(indices, values, t.shape, divisor)
 
 
 # ----- broadcast -------------------------------------------------------------------------------
@@ -453,6 +536,31 @@ def _split_list(tensor: torch.Tensor, splits: Any, n: int) -> tuple[int, ...]:
     return tuple(values)
 
 
+def _alltoall_async(
+    tensor: torch.Tensor,
+    splits: torch.Tensor | None,
+    name: str | None,
+    process_set: ProcessSet,
+    with_received: bool,
+) -> int:
+    """Start an alltoall; its handle yields `(output, received_splits)` when `with_received`."""
+    _, info = _group(process_set)
+    values = _split_list(tensor, splits, info.size)
+    return _submit(
+        ALLTOALL,
+        [tensor],
+        name,
+        process_set,
+        inplace=False,
+        finish=_first if with_received else _first_of_first,
+        splits=(values,),
+    )
+
+
+def _first_of_first(outputs: list[Any]) -> Any:
+    return outputs[0][0]
+
+
 def alltoall_async(
     tensor: torch.Tensor,
     splits: torch.Tensor | None = None,
@@ -460,15 +568,7 @@ def alltoall_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an alltoall: rows `splits[i]` go to rank i of the set (even split when None)."""
-    _, info = _group(process_set)
-    values = _split_list(tensor, splits, info.size)
-
-    def finish(outputs: list[Any]) -> Any:
-        return outputs[0][0] if splits is None else outputs[0]
-
-    return _submit(
-        ALLTOALL, [tensor], name, process_set, inplace=False, finish=finish, splits=(values,)
-    )
+    return _alltoall_async(tensor, splits, name, process_set, splits is not None)
 
 
 def alltoall(
@@ -581,14 +681,18 @@ def grouped_reducescatter(
 
 
 # ----- synchronisation -------------------------------------------------------------------------
-def poll(handle: int) -> bool:
+def poll(handle: int | SparseHandle) -> bool:
     """True once the operation behind `handle` has finished (never blocks)."""
-    return _state.get().engine.poll(handle)
+    if type(handle) is SparseHandle:
+        return handle.poll()
+    return _state.get().engine.poll(handle)  # type: ignore[arg-type]
 
 
-def synchronize(handle: int) -> Any:
+def synchronize(handle: int | SparseHandle) -> Any:
     """Wait for `handle` and return its output; raises HorovodInternalError if it failed."""
-    return _state.get().engine.synchronize(handle)
+    if type(handle) is SparseHandle:
+        return handle()
+    return _state.get().engine.synchronize(handle)  # type: ignore[arg-type]
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
@@ -598,7 +702,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
 
 def join(device: int = -1) -> int:
     """Wait until every rank has joined; until then this rank contributes zeros to the others'
-    allreduces (and nothing to their allgathers). Returns the last rank to join."""
+    allreduces and reducescatters, while their allgathers, broadcasts and alltoalls raise
+    HorovodInternalError (as in Horovod). Returns the last rank to join."""
     state = _state.get()
     if device >= 0 and torch.cuda.is_available():
         torch.cuda.set_device(device)
@@ -663,5 +768,6 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "synchronize",
 ]

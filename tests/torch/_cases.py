@@ -462,18 +462,33 @@ def mismatches(r: int, n: int) -> None:
 @case
 def barrier_and_join(r: int, n: int) -> None:
     hvd.barrier()
-    # Rank 0 joins at once; the others reduce twice more, rank 0 contributing zeros.
+    # Rank 0 joins at once; the others reduce, rank 0 contributing zeros. As in Horovod, an
+    # Average still divides by the whole world, and allgather, broadcast and alltoall are
+    # refused (on the ranks that submitted them) while a rank has joined.
     if r == 0:
         last = hvd.join()
     else:
         a = hvd.allreduce(torch.ones(3), op=hvd.Sum, name="join.a")
-        g = hvd.allgather(torch.full((1,), r), name="join.g")
         close(a, torch.full((3,), float(n - 1)))
-        assert torch.equal(g, torch.arange(1, n)), g
+        avg = hvd.allreduce(torch.full((2,), float(n)), name="join.avg")
+        close(avg, torch.full((2,), float(n - 1)))
+        refused = {
+            "Allgather": lambda: hvd.allgather(torch.full((1,), r), name="join.g"),
+            "Broadcast": lambda: hvd.broadcast(torch.ones(1), root_rank=n - 1, name="join.b"),
+            "Alltoall": lambda: hvd.alltoall(torch.ones(n), name="join.a2a"),
+        }
+        for kind, fn in refused.items():
+            expect_raises(hvd.HorovodInternalError, fn, f"{kind} is not supported with Join")
         if r == n - 1:
             time.sleep(0.05)  # let the other ranks join first
         last = hvd.join()
     assert last == (n - 1 if n > 1 else 0), last
+    # Once every rank has joined, nothing of the refused ops is left behind.
+    assert torch.equal(hvd.allgather(torch.full((1,), r), name="join.g"), torch.arange(n))
+    close(
+        hvd.broadcast(torch.full((1,), float(r)), root_rank=n - 1, name="join.b"),
+        torch.full((1,), float(n - 1)),
+    )
 
 
 @case
@@ -543,6 +558,102 @@ def autograd(r: int, n: int) -> None:
     x = torch.ones(2 * n, requires_grad=True)
     hvd.reducescatter(x).sum().backward()
     close(x.grad, torch.ones(2 * n))
+
+
+@case
+def alltoall_even_split_gradient(r: int, n: int) -> None:
+    """Even split of a dim 0 that differs per rank: the gradient goes back by the rows each rank
+    really sent (not by this rank's own split), then the next alltoalls still meet."""
+    for _ in range(2):
+        x = torch.full((n * (r + 1), 2), float(r), requires_grad=True)
+        out = hvd.alltoall(x)
+        assert out.shape == (sum(k + 1 for k in range(n)), 2), out.shape
+        (out * 3).sum().backward()
+        close(x.grad, torch.full((n * (r + 1), 2), 3.0))
+    splits = torch.full((n,), 1, dtype=torch.int32)
+    out, _ = hvd.alltoall(torch.full((n, 1), float(r)), splits=splits)
+    close(out, torch.arange(n, dtype=torch.float32).reshape(n, 1))
+
+
+@case
+def sparse_allreduce(r: int, n: int) -> None:
+    g = torch.Generator(device="cpu").manual_seed(10 + r)
+    dense = torch.rand(6, 3, generator=g, device="cpu").to(torch.empty(0).device)
+    dense[dense < 0.6] = 0
+    dense[0] = r + 1.0  # a row every rank sends: summed
+    sparse = dense.to_sparse()
+    want_sum = hvd.allreduce(dense, op=hvd.Sum, name="sparse.dense")
+    h = hvd.sparse_allreduce_async(sparse, name="sparse.sum", op=hvd.Sum)
+    got = hvd.synchronize(h)
+    assert got.is_sparse and got.shape == dense.shape
+    close(got.to_dense(), want_sum)
+    h = hvd.sparse_allreduce_async(sparse, "sparse.avg", hvd.Average)  # Horovod's positionals
+    while not hvd.poll(h):
+        time.sleep(0.001)
+    close(h().to_dense(), want_sum / n)  # the handle is callable, as Horovod's is
+    # Nothing non-zero on this rank: still takes part.
+    empty = torch.zeros(4, 2).to_sparse() if r == 0 else torch.ones(4, 2).to_sparse()
+    got = hvd.synchronize(hvd.sparse_allreduce_async(empty, name="sparse.empty", op=hvd.Sum))
+    close(got.to_dense(), torch.full((4, 2), float(n - 1)))
+    expect_raises(ValueError, lambda: hvd.sparse_allreduce_async(dense, "x", hvd.Sum), "sparse")
+
+
+@case
+def no_torch_warnings_reach_users(r: int, n: int) -> None:
+    """torch's deprecations of the calls hora makes (on its engine thread) stay hidden."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hvd.allgather(torch.ones(r + 1, 2), name="warn.ag")
+        hvd.allgather(torch.ones(2, 2), name="warn.ag.even")
+        hvd.reducescatter(torch.ones(n + 1, 2), name="warn.rs")
+    texts = [f"{w.category.__name__}: {w.message}" for w in caught]
+    assert not texts, texts
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        hvd.synchronize(hvd.sparse_allreduce_async(torch.ones(3).to_sparse(), "warn.sp", hvd.Sum))
+    texts = [f"{w.category.__name__}: {w.message}" for w in caught]
+    assert not texts, texts
+
+
+@case
+def init_after_engine_failure(r: int, n: int) -> None:
+    """A collective that fails on the data path (neither gloo nor shared memory takes the Max of
+    complex numbers) stops the engine on every rank: it and the next ops raise, nothing hangs.
+    The next init() on every rank starts a working world, with the failed run's process sets
+    gone."""
+    ps = hvd.add_process_set([0])
+    z = torch.ones(2, dtype=torch.complex64)
+    expect_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(z, op=hvd.Max), "complex")
+    expect_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(torch.ones(1)), "shut down")
+    hvd.init(process_sets="dynamic")
+    close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)))
+    assert ps.process_set_id is None and ps.size() is None
+    again = hvd.add_process_set([0])  # not "already exists"
+    if r == 0:
+        close(hvd.allreduce(torch.ones(1), process_set=again), torch.ones(1))
+    assert hvd.remove_process_set(again)
+
+
+@case
+def shutdown_then_init_after_peer_shutdown(r: int, n: int) -> None:
+    """A peer's shutdown() stops rank 0's engine while it waits: its op raises, and (as in
+    Horovod) so does every op until rank 0 too calls shutdown(); then init() works again."""
+    ps = hvd.add_process_set([0])
+    if r == 0:
+
+        def waits() -> None:
+            hvd.synchronize(hvd.allreduce_async(torch.ones(1), name="never"))
+
+        expect_raises(hvd.HorovodInternalError, waits, "shut down")
+        hvd.init(process_sets="dynamic")  # a no-op: the peers' shutdown was their own choice
+        expect_raises(hvd.HorovodInternalError, lambda: hvd.allreduce(torch.ones(1)), "shut down")
+    else:
+        time.sleep(0.2)
+    hvd.shutdown()
+    hvd.init(process_sets="dynamic")
+    close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)))
+    assert ps.process_set_id is None
+    assert hvd.remove_process_set(hvd.add_process_set([0]))
 
 
 @case

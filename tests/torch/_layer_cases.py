@@ -155,6 +155,21 @@ def equivalence_unnamed_parameters() -> None:
 
 
 @case("optimizer", sizes=(2,))
+def unnamed_parameters_have_horovod_names() -> None:
+    """Horovod's `_parameter_names`: unique per parameter, the same on every rank."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(
+            [{"params": model[0].parameters()}, {"params": model[1].parameters()}], lr=0.1
+        )
+    )
+    names = opt._parameter_names
+    assert set(names) == set(model.parameters()) and len(set(names.values())) == len(names)
+    everyone = hvd.allgather_object(sorted(names.values()))
+    assert all(other == everyone[0] for other in everyone), everyone
+
+
+@case("optimizer", sizes=(2,))
 def fusion_threshold_zero_one_tensor_per_call() -> None:
     os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"
     try:
@@ -582,6 +597,27 @@ def broadcast_optimizer_state_of_distributed_optimizer() -> None:
     opt.step()
     weights = hvd.allgather_object([p.detach() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(weights[0], weights[-1], strict=True))
+
+
+@case("functions", sizes=(2,))
+def broadcast_optimizer_state_before_any_gradient() -> None:
+    """Parameters without a gradient yet (one frozen): the state is made, the frozen one keeps
+    None, the others keep the zero gradient Horovod leaves, which can be broadcast at once."""
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+    model[1].bias.requires_grad_(False)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.1),
+        named_parameters=model.named_parameters(),
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert model[1].bias.grad is None
+    for p, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(p.detach(), b), "the weights moved"
+        if p.requires_grad:
+            assert torch.equal(p.grad, torch.zeros_like(p))
+            assert torch.equal(hvd.broadcast(p.grad, root_rank=0), p.grad)
+    assert len(opt.state) == 3
 
 
 @case("functions", sizes=(2,))

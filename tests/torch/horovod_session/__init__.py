@@ -1,0 +1,1 @@
+"""A Horovod user's pytest session, run inside every rank (see `session.py`)."""
