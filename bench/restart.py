@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -32,6 +33,8 @@ os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
+TRY_SECONDS = 90  # one launch: ~10-20 s here
+FAILURES: dict[str, list[str]] = {}  # launcher -> why each failed try failed
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "restart_train.py"
 sys.path.insert(0, str(HERE))
@@ -55,11 +58,47 @@ def measure(folder: Path) -> dict[str, float]:
     }
 
 
-def run_command(command: list[str], folder: Path) -> dict[str, float]:
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(f"{command[:4]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return measure(folder)
+def run_command(command: list[str], folder: Path, tries: int = 3) -> dict[str, float] | None:
+    """Run the launcher; a run that failed or hung is reported and run again in a fresh folder
+    (torchrun's restart does, here: see bench/README.md). None when every try failed."""
+    for _ in range(tries):
+        for entry in folder.rglob("*"):
+            if entry.is_file():
+                entry.unlink()
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # a hung launcher is killed with all its workers
+        )
+        try:
+            _out, err = proc.communicate(timeout=TRY_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _kill_workers_of(folder)  # torchrun starts its workers in sessions of their own
+            _out, err = proc.communicate()
+            err += f"\nhung: killed after {TRY_SECONDS} s"
+        if proc.returncode == 0:
+            return measure(folder)
+        FAILURES.setdefault(command[2], []).append(_cause(err))
+        print(f"  {command[2]} failed ({FAILURES[command[2]][-1]}); run again", flush=True)
+    return None
+
+
+def _cause(err: str) -> str:
+    keys = ("hung:", "Error: ", "Error(")
+    lines = [line.strip() for line in err.splitlines() if any(k in line for k in keys)]
+    lines = [line for line in lines if "ChildFailedError" not in line]
+    return lines[-1][:200] if lines else "no error line"
+
+
+def _kill_workers_of(folder: Path) -> None:
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(folder) in (proc.info["cmdline"] or ()):
+            proc.kill()
 
 
 def hora_local(folder: Path) -> dict[str, float]:
@@ -100,6 +139,8 @@ def compare(name_a: str, a: Callable, name_b: str, b: Callable, reps: int) -> No
         for name, fn in ((name_a, a), (name_b, b)):  # alternating: load drifts hit both
             with tempfile.TemporaryDirectory(prefix="hora-restart-") as tmp:
                 figures = fn(Path(tmp))
+            if figures is None:
+                continue
             runs[name].append(figures)
             parts = ", ".join(f"{k} {v:.2f} s" for k, v in figures.items())
             print(f"  rep {rep + 1}: {name}: {parts}", flush=True)
@@ -110,6 +151,8 @@ def compare(name_a: str, a: Callable, name_b: str, b: Callable, reps: int) -> No
         print(f"{name}: median over {reps}: {parts}")
     ratio = medians[name_a]["total"] / medians[name_b]["total"]
     print(f"ratio {name_a} / {name_b}: {ratio:.2f}x (kill -> first step of the next attempt)")
+    for launcher, causes in FAILURES.items():
+        print(f"{launcher}: {len(causes)} failed tries, run again: {causes}")
 
 
 def main() -> None:
