@@ -28,6 +28,7 @@ from hora.torch._negotiation import (
     Bucket,
     CacheDrop,
     Coordinator,
+    Entry,
     Failure,
     JoinDone,
     Request,
@@ -129,6 +130,7 @@ class Engine:
         # CacheDrops it has applied (sent with every frame so rank 0 knows which ids it may use).
         self._cache_ids: dict[Any, int] = {}
         self._cache_sigs: dict[int, Request] = {}
+        self._hit_entries: dict[int, Entry] = {}  # what a cache hit's id expands to
         self._drops_seen = 0
         if self._coordinator is not None:
             for ps_id, info in process_sets.items():
@@ -483,6 +485,7 @@ class Engine:
             elif isinstance(resp, CacheDrop):
                 if worker:
                     for cid in resp.ids:
+                        self._hit_entries.pop(cid, None)
                         sig = self._cache_sigs.pop(cid, None)
                         if sig is not None and self._cache_ids.get(sig) == cid:
                             del self._cache_ids[sig]
@@ -511,7 +514,7 @@ class Engine:
         """A worker's side of the response cache: remember the ids this bucket announces and
         expand the hits that travelled as bare ids."""
         info = self.process_sets.get(bucket.process_set_id)
-        expand(bucket, self._cache_sigs, info.ranks if info is not None else ())
+        expand(bucket, self._cache_sigs, info.ranks if info is not None else (), self._hit_entries)
         for e in bucket.entries:
             if e.cache_id >= 0:
                 self._cache_ids[self._cache_sigs[e.cache_id]] = e.cache_id

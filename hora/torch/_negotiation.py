@@ -77,18 +77,29 @@ class Bucket(NamedTuple):
         return (Bucket, (self.kind, self.process_set_id, entries))  # type: ignore[return-value]
 
 
-def expand(bucket: Bucket, known: dict[int, Request], ranks: tuple[int, ...]) -> None:
+def expand(
+    bucket: Bucket,
+    known: dict[int, Request],
+    ranks: tuple[int, ...],
+    made: dict[int, Entry] | None = None,
+) -> None:
     """Turn a received bucket's bare cache ids back into entries, in place, and add the ids it
     announces to `known` (id -> request) as they come; `ranks`: the process set's members (a
-    hit had every member)."""
+    hit had every member). `made`: entries already built for ids (an entry of a hit is the
+    same every time; the caller forgets an id's entry when it forgets the id)."""
     entries: list[Entry | int] = bucket.entries  # type: ignore[assignment]
     keep_all = bucket.kind in (ALLGATHER, ALLTOALL)
     first = ranks[0] if ranks else 0
     for i, e in enumerate(entries):
         if type(e) is int:
-            req = known[e]
-            requests = dict.fromkeys(ranks, req) if keep_all else {first: req}
-            entries[i] = Entry(req.name, requests, -1, e)
+            entry = made.get(e) if made is not None else None
+            if entry is None:
+                req = known[e]
+                requests = dict.fromkeys(ranks, req) if keep_all else {first: req}
+                entry = Entry(req.name, requests, -1, e)
+                if made is not None and ranks:
+                    made[e] = entry
+            entries[i] = entry
         elif e.cache_id >= 0:  # type: ignore[union-attr]
             known[e.cache_id] = e.ref  # type: ignore[union-attr]
 
@@ -208,6 +219,8 @@ class Coordinator:
         self.cache_capacity = cache_capacity
         self._cache: dict[tuple[int, str], tuple[int, Request]] = {}
         self._by_id: dict[int, Request] = {}
+        # A live id's fusion signature and byte count (see `_plan`), worked out once.
+        self._hit_plans: dict[int, tuple[tuple[object, ...] | None, int]] = {}
         self._retired: dict[int, tuple[Request, int]] = {}
         self._next_id = 0
         self._dropping: list[int] = []
@@ -255,6 +268,7 @@ class Coordinator:
     def _drop(self, key: tuple[int, str]) -> None:
         cid, req = self._cache.pop(key)
         del self._by_id[cid]
+        self._hit_plans.pop(cid, None)
         self._retired[cid] = (req, self._drop_seq + 1)  # announced by the next CacheDrop
         self._dropping.append(cid)
 
@@ -298,7 +312,7 @@ class Coordinator:
             )
             return
         cached = self._cache.get(key)
-        if cached is not None and cached[1] == req:
+        if cached is not None and (cached[1] is req or cached[1] == req):
             req = cached[1]  # the cached object itself: `_check` recognises a hit by identity
         requests = self._pending.get(key)
         if requests is None:
@@ -384,27 +398,46 @@ class Coordinator:
         """Cut ready operations into buckets: same kind and signature, up to the threshold."""
         buckets: list[Bucket] = []
         open_buckets: dict[tuple[object, ...], tuple[Bucket, list[int]]] = {}
+        hit_plans = self._hit_plans
         for ps_id, name, requests, cid, hit in ready:
-            low = min(requests)
-            ref = requests[low]
-            keep_all = ref.kind in (ALLGATHER, ALLTOALL)
-            # A hit travels as its id: its requests (all the same object) need no trimming.
-            entry = Entry(name, requests if keep_all or hit >= 0 else {low: ref}, cid, hit)
-            nbytes = sum(r.nbytes for r in requests.values()) if keep_all else ref.nbytes
-            if ref.kind not in _FUSABLE or self.fusion_threshold <= 0:
-                buckets.append(Bucket(ref.kind, ps_id, [entry]))
+            if hit >= 0:
+                # A hit travels as its id: its requests (all the same object) need no trimming,
+                # and its signature was worked out when it was first planned as a hit.
+                entry = Entry(name, requests, cid, hit)
+                plan = hit_plans.get(hit)
+                if plan is None:
+                    plan = hit_plans[hit] = self._signature(requests)
+            else:
+                low = min(requests)
+                ref = requests[low]
+                keep_all = ref.kind in (ALLGATHER, ALLTOALL)
+                entry = Entry(name, requests if keep_all else {low: ref}, cid, hit)
+                plan = self._signature(requests)
+            sig, nbytes = plan
+            if sig is None:
+                buckets.append(Bucket(entry.ref.kind, ps_id, [entry]))
                 continue
-            sig: tuple[object, ...] = (ref.kind, ps_id, ref.device)
-            if ref.kind == ALLREDUCE:
-                sig += (ref.op, ref.prescale, ref.postscale)
-            elif ref.kind == BROADCAST:
-                sig += (ref.root,)
             current = open_buckets.get(sig)
             if current is not None and current[1][0] + nbytes <= self.fusion_threshold:
                 current[0].entries.append(entry)
                 current[1][0] += nbytes
             else:
-                bucket = Bucket(ref.kind, ps_id, [entry])
+                bucket = Bucket(sig[0], ps_id, [entry])  # type: ignore[arg-type]
                 buckets.append(bucket)
                 open_buckets[sig] = (bucket, [nbytes])
         return buckets
+
+    def _signature(self, requests: dict[int, Request]) -> tuple[tuple[object, ...] | None, int]:
+        """Which ready operations may share a bucket (None: none, it runs alone) and the bytes
+        it adds to one."""
+        ref = requests[min(requests)]
+        keep_all = ref.kind in (ALLGATHER, ALLTOALL)
+        nbytes = sum(r.nbytes for r in requests.values()) if keep_all else ref.nbytes
+        if ref.kind not in _FUSABLE or self.fusion_threshold <= 0:
+            return None, nbytes
+        sig: tuple[object, ...] = (ref.kind, ref.process_set_id, ref.device)
+        if ref.kind == ALLREDUCE:
+            sig += (ref.op, ref.prescale, ref.postscale)
+        elif ref.kind == BROADCAST:
+            sig += (ref.root,)
+        return sig, nbytes

@@ -412,6 +412,39 @@ def fusion(r: int, n: int) -> None:
 
 
 @case
+def fusion_buffer_in_place(r: int, n: int) -> None:
+    """In-place fused allreduces go through one persistent buffer and views made once per
+    layout: repeated and changing layouts, mixed dtypes and shapes stay exact, and an earlier
+    out-of-place result (a view of a fresh buffer) is not touched by later batches."""
+    from hora.torch import _state
+
+    total = float(sum(range(n)))
+    kept = hvd.grouped_allreduce([torch.full((8,), float(r)) for _ in range(3)], op=hvd.Sum)
+    fusion = _state.get().groups[0].fusion
+    for layout, shapes in enumerate([[(3, 4), (5,), (1, 1, 2)] * 10, [(7,), (2, 2)] * 20]):
+        for step in range(3):
+            ts = [
+                torch.full(s, float(r + k + step), dtype=torch.float64 if k % 3 else torch.float32)
+                for k, s in enumerate(shapes)
+            ]
+            names = [f"fb.{layout}.{k}" for k in range(len(ts))]
+            handles = [
+                hvd.allreduce_async_(t, name=nm, op=hvd.Sum)
+                for t, nm in zip(ts, names, strict=True)
+            ]
+            for k, (t, h) in enumerate(zip(ts, handles, strict=True)):
+                assert hvd.synchronize(h) is t
+                close(t, torch.full(t.shape, total + n * (k + step), dtype=t.dtype))
+        group = [torch.full((4, 2), float(r + k)) for k in range(5)]
+        hvd.grouped_allreduce_(group, op=hvd.Sum)
+        for k, t in enumerate(group):
+            close(t, torch.full((4, 2), total + n * k))
+    for o in kept:
+        close(o, torch.full((8,), total))
+    assert 0 < len(fusion._layouts) <= 8, len(fusion._layouts)  # reused, not one per step
+
+
+@case
 def mismatches(r: int, n: int) -> None:
     odd = r == n - 1
     msgs = [

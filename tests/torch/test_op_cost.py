@@ -79,6 +79,27 @@ def test_an_allgather_hit_expands_to_every_member() -> None:
     assert entry.ref == req("g", ALLGATHER, (2, 3)) and entry.cached == 7
 
 
+def test_a_hit_expands_to_the_entry_made_for_its_id_and_fusion_plans_stay_right() -> None:
+    c = Coordinator(2, 3 * 16)  # room for three 16-byte requests per bucket
+    names = [f"m{k}" for k in range(5)]
+    first = _agree(c, [req(n) for n in names], 2)
+    known: dict[int, Request] = {}
+    made: dict[int, Entry] = {}
+    for b in first:
+        expand(pickle.loads(pickle.dumps(b)), known, (0, 1), made)
+    for _ in range(2):  # the second round reuses the hits' signatures and entries
+        hits = _agree(c, [req(n) for n in names], 2)
+        assert [[e.name for e in b.entries] for b in hits] == [names[:3], names[3:]]
+        got = [pickle.loads(pickle.dumps(b)) for b in hits]
+        for b in got:
+            expand(b, known, (0, 1), made)
+        assert [e.ref for b in got for e in b.entries] == [req(n) for n in names]
+    assert len(made) == 5
+    again = pickle.loads(pickle.dumps(hits[0]))
+    expand(again, known, (0, 1), made)
+    assert again.entries[0] is made[hits[0].entries[0].cached]
+
+
 def test_a_changed_request_is_not_taken_for_a_hit() -> None:
     c = Coordinator(2, 1 << 20)
     _agree(c, [req("a")], 2)
