@@ -8,6 +8,7 @@ import hmac
 from collections.abc import Callable
 
 from hora._channel import Connection
+from hora.job.protocol import Output, Stall
 
 _channel: Connection | None = None
 _rank: int | None = None
@@ -54,10 +55,10 @@ def log_to_driver(message: str) -> None:
     if _channel is None:
         print(message, flush=True)
         return
-    _channel.send(("output", _rank, "log", str(message)))
+    _channel.send(Output(_rank, "log", str(message)))  # type: ignore[arg-type]
 
 
-def send_to_driver(message: tuple) -> bool:
+def send_to_driver(message: Stall) -> bool:
     """Send one of hora's own messages (not the user's output) to the driver; False outside a
     hora worker. May raise OSError when the driver is gone."""
     channel = _channel

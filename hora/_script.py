@@ -242,7 +242,7 @@ def _run_child(argv: list[str]) -> None:
         raise CommandFailed(f"cannot start {_shown(argv)}: {exc.strerror or exc}") from None
     code = child.wait()
     if code != 0:
-        from hora._job import describe_exit
+        from hora.job.monitor import describe_exit
 
         how = describe_exit(code)  # "exited with status 3", "killed by signal 9 (SIGKILL)"
         raise CommandFailed(f"the command {_shown(argv)} {'was ' if code < 0 else ''}{how}")

@@ -18,13 +18,13 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
 
 import cloudpickle
 
 from hora import _channel, _logs
 from hora._payload import dumps_result
 from hora._script import CommandFailed
+from hora.job.protocol import Error, Hello, Payload, Result
 
 BOOT_ENV_FLAG = "HORA_WORKER"
 _HORA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -42,10 +42,10 @@ def _is_launcher_frame(filename: str) -> bool:
     return filename.startswith(_HORA_DIR) or filename.startswith("<frozen runpy>")
 
 
-def _failure(rank: int, exc: BaseException) -> dict[str, Any]:
+def _failure(rank: int, exc: BaseException) -> Error:
     """The failure as the user should read it: their traceback, without hora's frames on top."""
     if isinstance(exc, CommandFailed):  # a child command: its output's tail tells the story
-        return {"rank": rank, "summary": str(exc), "traceback": "", "time": time.time()}
+        return Error(rank, str(exc), "", time.time())
     tb = exc.__traceback__
     while (
         tb is not None
@@ -55,34 +55,35 @@ def _failure(rank: int, exc: BaseException) -> dict[str, Any]:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb))
     summary = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return {"rank": rank, "summary": summary, "traceback": text, "time": time.time()}
+    return Error(rank, summary, text, time.time())
 
 
 def _run(rank: int, conn: _channel.Connection) -> int:
-    _kind, payload, want_result = conn.recv()
+    job: Payload = conn.recv()
     done = threading.Event()
     threading.Thread(target=_watch_driver, args=(conn, done), daemon=True).start()
     _logs.attach(conn, rank)
     try:
-        fn, args, kwargs = cloudpickle.loads(payload)
+        fn, args, kwargs = cloudpickle.loads(job.job)
         result = fn(*args, **kwargs)
     except SystemExit as exc:
         if exc.code in (0, None):
             result = None
         else:
-            failure = _failure(rank, exc)
-            failure["summary"] = f"called sys.exit({exc.code!r})"
-            return _report(conn, done, ("error", failure))
+            failure = _failure(rank, exc)._replace(summary=f"called sys.exit({exc.code!r})")
+            return _report(conn, done, failure)
     except BaseException as exc:
-        return _report(conn, done, ("error", _failure(rank, exc)))
+        return _report(conn, done, _failure(rank, exc))
     try:
-        data = dumps_result(result, rank) if want_result else None
+        data = dumps_result(result, rank) if job.want_result else None
     except Exception as exc:
-        return _report(conn, done, ("error", _failure(rank, exc)))
-    return _report(conn, done, ("result", rank, data), status=0)
+        return _report(conn, done, _failure(rank, exc))
+    return _report(conn, done, Result(rank, data), status=0)
 
 
-def _report(conn: _channel.Connection, done: threading.Event, message: Any, status: int = 1) -> int:
+def _report(
+    conn: _channel.Connection, done: threading.Event, message: Error | Result, status: int = 1
+) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     done.set()
@@ -99,7 +100,7 @@ def main() -> None:
     secret = bytes.fromhex(boot["secret"])
     _logs.set_run_secret(secret)
     conn = _channel.connect(tuple(boot["address"]), secret)
-    conn.send(("hello", rank, os.getpid(), socket.gethostname()))
+    conn.send(Hello(rank, os.getpid(), socket.gethostname()))
     status = _run(rank, conn)
     conn.close()
     # Tearing down an interpreter that imported torch takes ~0.3 s and helps nobody; the atexit

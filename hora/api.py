@@ -6,9 +6,10 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from hora._job import Job
 from hora._payload import dumps_job
 from hora.config import Backend, RunConfig, Verbosity
+from hora.job.driver import Attempt, Job
+from hora.job.group import WorkerGroup
 from hora.launchers import make_launcher
 
 
@@ -18,6 +19,8 @@ class Runner:
     `np < 0` runs `-np` worker processes on this machine; `np > 0` runs a Spark barrier stage of
     `np` tasks on the active SparkSession. `driver_log_verbosity="all"` streams every rank's
     output to the driver; `"log_callback_only"` only what the workers send with `log_to_driver`.
+    `max_restarts=N` restarts every rank up to N times when one fails (load your last checkpoint
+    at the start of `main`: see `hora.checkpoint`).
     `output_filename` is a folder where each rank's output also goes (horovodrun's option).
     """
 
@@ -29,6 +32,7 @@ class Runner:
         start_timeout: float = 600,
         timeout: float | None = None,
         env: Mapping[str, str] | None = None,
+        max_restarts: int = 0,
         output_filename: str | os.PathLike[str] | None = None,
     ):
         if isinstance(np, bool) or not isinstance(np, int):
@@ -46,6 +50,7 @@ class Runner:
             start_timeout=start_timeout,
             timeout=timeout,
             env=dict(env or {}),
+            max_restarts=max_restarts,
             output_filename=_folder(output_filename),
         )
 
@@ -68,11 +73,13 @@ def run(
     start_timeout: float = 600,
     timeout: float | None = None,
     driver_log_verbosity: Verbosity = "all",
+    max_restarts: int = 0,
     output_filename: str | os.PathLike[str] | None = None,
 ) -> list[Any]:
     """Run `fn(*args, **kwargs)` on `np` processes; return every rank's value in rank order.
 
     `backend="auto"` uses Spark when a SparkSession is active, else local processes.
+    `max_restarts=N` restarts every rank up to N times when one fails.
     `output_filename`: as horovod.run's, a folder that gets `rank.<rank>/stdout` and `stderr`.
     """
     config = RunConfig(
@@ -82,6 +89,7 @@ def run(
         start_timeout=start_timeout,
         timeout=timeout,
         env=dict(env or {}),
+        max_restarts=max_restarts,
         output_filename=_folder(output_filename),
     )
     return _launch(fn, tuple(args), dict(kwargs or {}), config, collect_all=True)
@@ -119,4 +127,10 @@ def _launch(
     if not callable(fn):
         raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
     payload = dumps_job(fn, args, kwargs)
-    return Job(config, payload, make_launcher(config, use_gpu=use_gpu), collect_all).run()
+    first = make_launcher(config, use_gpu=use_gpu)  # checks the engine before anything starts
+
+    def new_group(attempt: Attempt, env: Mapping[str, str]) -> WorkerGroup:
+        launcher = first if attempt.index == 0 else make_launcher(config, use_gpu, restart=True)
+        return WorkerGroup(config.np, launcher, env)
+
+    return Job(config, payload, new_group, collect_all).run()

@@ -74,6 +74,13 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds to wait for every worker to start (default 600)",
     )
     run_cmd.add_argument(
+        "--max-restarts",
+        dest="max_restarts",
+        type=int,
+        default=0,
+        help="restart every rank up to N times when one fails (default 0, as torchrun)",
+    )
+    run_cmd.add_argument(
         "--log-callback-only",
         action="store_true",
         help="forward only hora.log_to_driver messages, not all output",
@@ -191,6 +198,7 @@ def _run(ns: argparse.Namespace) -> None:
         "start_timeout": ns.start_timeout,
         "driver_log_verbosity": "log_callback_only" if ns.log_callback_only else "all",
         "output_filename": ns.output_filename,
+        "max_restarts": ns.max_restarts,
     }
     if ns.backend == "spark":
         with _spark_session():

@@ -26,6 +26,7 @@ class RunConfig:
     start_timeout: float = 600.0
     timeout: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    max_restarts: int = 0
     #: horovodrun's --output-filename: a folder where each rank's output also goes, to
     #: `rank.<rank>/stdout` and `rank.<rank>/stderr` (written by the driver); made absolute
     output_filename: str | None = None
@@ -43,6 +44,15 @@ class RunConfig:
         _check_seconds("start_timeout", self.start_timeout)
         if self.timeout is not None:
             _check_seconds("timeout", self.timeout)
+        if (
+            isinstance(self.max_restarts, bool)
+            or not isinstance(self.max_restarts, int)
+            or self.max_restarts < 0
+        ):
+            raise ValueError(
+                "max_restarts must be an int >= 0 (how many times a failed run is restarted), "
+                f"got {self.max_restarts!r}"
+            )
         bad = {k: v for k, v in dict(self.env).items() if not (_is_str(k) and _is_str(v))}
         if bad:
             raise ValueError(f"env must map str to str; fix these entries: {bad!r}")

@@ -125,6 +125,20 @@ def worker_env(
     return env
 
 
+def restart_env(restart_count: int, max_restarts: int) -> dict[str, str]:
+    """Which attempt of the run this is, under hora's names and torchrun's.
+
+    A rank can skip work only the first attempt should do (or fail only there, in a test); torch
+    also prefixes the agent store's keys with TORCHELASTIC_RESTART_COUNT.
+    """
+    return {
+        "HORA_RESTART_COUNT": str(restart_count),
+        "HORA_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+    }
+
+
 def driver_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The DRIVER_VARS set in the driver's environment, to pass to every worker."""
     env = os.environ if environ is None else environ

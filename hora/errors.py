@@ -15,13 +15,22 @@ class HoraError(Exception):
 class WorkerFailedError(HoraError):
     """The job failed: a rank raised, exited non-zero or died. The message leads with the cause.
 
-    `rank` is the rank that failed first, `failed_ranks` every rank seen failing.
+    `rank` is the rank that failed first, `failed_ranks` every rank seen failing (in the first
+    attempt, when the run was restarted). `attempts` holds each failed attempt's own error, in
+    order, when `max_restarts` allowed more than one.
     """
 
-    def __init__(self, message: str, rank: int | None = None, failed_ranks: Sequence[int] = ()):
-        super().__init__(message, rank, tuple(failed_ranks))
+    def __init__(
+        self,
+        message: str,
+        rank: int | None = None,
+        failed_ranks: Sequence[int] = (),
+        attempts: Sequence[WorkerFailedError] = (),
+    ):
+        super().__init__(message, rank, tuple(failed_ranks), tuple(attempts))
         self.rank = rank
         self.failed_ranks = tuple(failed_ranks)
+        self.attempts = tuple(attempts)
 
     def __str__(self) -> str:
         return str(self.args[0])

@@ -158,12 +158,12 @@ class Checkpoint:
         """
         rank, size = _rank_and_size()
         if size == 1:
-            return self.latest(weights_only=weights_only)
+            return self._report(self.latest(weights_only=weights_only))
         failure: BaseException | None = None
         message: tuple[str, Any] | None = None
         if rank == 0:
             try:
-                message = ("ok", self.latest(weights_only=weights_only))
+                message = ("ok", self._report(self.latest(weights_only=weights_only)))
             except Exception as e:
                 failure = e
                 message = ("error", f"{type(e).__name__}: {e}")
@@ -177,6 +177,22 @@ class Checkpoint:
                 f"rank 0 could not read the checkpoint in {self.directory}: {payload}"
             )
         return payload
+
+    def _report(self, found: Restored | None) -> Restored | None:
+        """Tell the driver's log where this attempt resumes (rank 0, once per load)."""
+        from hora._logs import log_to_driver
+
+        attempt = _attempt_text()
+        if found is None:
+            log_to_driver(
+                f"hora.checkpoint: no checkpoint in {self.directory}{attempt}: from scratch"
+            )
+        else:
+            where = self._storage.describe(_file_name(found.step))
+            log_to_driver(
+                f"hora.checkpoint: resuming after step {found.step}{attempt}, from {where}"
+            )
+        return found
 
     def _steps(self) -> list[int]:
         return [int(m.group(1)) for n in self._storage.names() if (m := _NAME.match(n))]
@@ -193,6 +209,14 @@ class Checkpoint:
         for name in self._storage.names():
             if is_temp(name):
                 self._storage.remove(name)
+
+
+def _attempt_text() -> str:
+    """ " (attempt 2 of 3)" under a hora run with max_restarts, else ""."""
+    count, most = os.environ.get("HORA_RESTART_COUNT"), os.environ.get("HORA_MAX_RESTARTS")
+    if not (count and most and count.isdigit() and most.isdigit()) or most == "0":
+        return ""
+    return f" (attempt {int(count) + 1} of {int(most) + 1})"
 
 
 def _broadcast_from_rank0(message: Any) -> Any:

@@ -6,10 +6,13 @@ from hora.config import RunConfig
 from hora.launchers._base import LaunchContext, Launcher
 
 
-def make_launcher(config: RunConfig, *, use_gpu: bool | None = None) -> Launcher:
-    """The launcher for `config.backend`.
+def make_launcher(
+    config: RunConfig, use_gpu: bool | None = None, *, restart: bool = False
+) -> Launcher:
+    """A launcher for `config.backend`, for one attempt of a run.
 
     `use_gpu` is the Spark engine's GPU pinning: None pins when tasks have GPU resources.
+    `restart`: a later attempt, which waits (up to `start_timeout`) for lost capacity to return.
     """
     if config.backend == "local":
         from hora.launchers.local import LocalLauncher
@@ -17,7 +20,7 @@ def make_launcher(config: RunConfig, *, use_gpu: bool | None = None) -> Launcher
         return LocalLauncher()
     from hora.launchers.spark import SparkLauncher
 
-    return SparkLauncher(config, use_gpu=use_gpu)
+    return SparkLauncher(config, use_gpu=use_gpu, restart=restart)
 
 
 __all__ = ["LaunchContext", "Launcher", "make_launcher"]

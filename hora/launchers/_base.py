@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hora.job.protocol import DriverMessage
+
 
 @dataclass(frozen=True)
 class LaunchContext:
@@ -16,14 +18,14 @@ class LaunchContext:
     np: int
     address: tuple[str, int]  # the driver's channel
     secret: bytes
-    events: queue.Queue  # a launcher reports ("output"|"exit"|"engine_failed", ...) here
+    events: queue.Queue  # a launcher reports Output, Exited and EngineFailed messages here
     env: Mapping[str, str]
 
     def boot(self, rank: int) -> dict[str, Any]:
         """The line a worker reads on stdin to find and authenticate to the driver."""
         return {"address": list(self.address), "secret": self.secret.hex(), "rank": rank}
 
-    def report(self, *message: Any) -> None:
+    def report(self, message: DriverMessage) -> None:
         self.events.put((None, message))
 
 

@@ -125,18 +125,22 @@ def concurrent_slots(sc: Any) -> int:
     return slots
 
 
-def check_slots(sc: Any, np: int, wait: float = SLOT_WAIT_SECONDS) -> int:
+def check_slots(
+    sc: Any, np: int, wait: float = SLOT_WAIT_SECONDS, settle: float | None = SLOT_SETTLE_SECONDS
+) -> int:
     """Return the slot count, or raise ValueError if `np` tasks cannot run together.
 
-    Raises as soon as the count has been steady below `np` for SLOT_SETTLE_SECONDS (at once on
-    a local master), instead of letting Spark queue the stage and retry it for minutes.
+    Raises as soon as the count has been steady below `np` for `settle` seconds (at once on
+    a local master), instead of letting Spark queue the stage and retry it for minutes;
+    `settle=None` waits the whole `wait` (a restart, while a lost executor is replaced).
     """
     start = time.monotonic()
     slots = concurrent_slots(sc)
     changed = start
     while slots < np and not is_local_master(sc):
         now = time.monotonic()
-        if now - start > wait or (slots > 0 and now - changed > SLOT_SETTLE_SECONDS):
+        steady = settle is not None and slots > 0 and now - changed > settle
+        if now - start > wait or steady:
             break
         time.sleep(0.2)
         latest = concurrent_slots(sc)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hora import _channel, environment
+from hora.job.protocol import Exited, Go, Output, Stop, TaskReady
 from hora.launchers._process import WorkerProcess, stop_all
 
 STOP_GRACE_SECONDS = 3.0
@@ -46,8 +47,7 @@ def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, 
     conn = _channel.connect(spec.address, spec.secret)
     try:
         conn.send(
-            (
-                "task",
+            TaskReady(
                 rank,
                 {
                     "host": host,
@@ -65,10 +65,10 @@ def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, 
         except (OSError, EOFError):  # the driver stopped the run before every task had started
             yield rank, "stopped before it started"
             return
-        if reply[0] != "go":
-            yield rank, f"refused: {reply[1]}"
+        if not isinstance(reply, Go):
+            yield rank, f"refused: {reply.reason}"
             return
-        yield rank, _supervise_worker(spec, conn, rank, reply[1])
+        yield rank, _supervise_worker(spec, conn, rank, reply.plan)
     finally:
         conn.close()
 
@@ -78,13 +78,13 @@ def _supervise_worker(
 ) -> str:
     def on_line(stream: str, line: str) -> None:
         with contextlib.suppress(OSError):
-            conn.send(("output", rank, stream, line))
+            conn.send(Output(rank, stream, line))
 
     exited = threading.Event()
 
     def on_exit(code: int) -> None:
         with contextlib.suppress(OSError):
-            conn.send(("exit", rank, code))
+            conn.send(Exited(rank, code))
         exited.set()
 
     env = worker_environment(rank, plan["tasks"], plan["master"], plan["use_gpu"], os.environ)
@@ -99,7 +99,7 @@ def _supervise_worker(
     try:
         while True:  # until the driver says stop or goes away
             message = conn.recv()
-            if message and message[0] == "stop":
+            if isinstance(message, Stop):
                 break
     except (OSError, EOFError):
         pass

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-from functools import partial
 from typing import Any
 
 from hora import environment
+from hora.job.protocol import Exited, Output
 from hora.launchers._base import LaunchContext, Launcher
 from hora.launchers._process import WorkerProcess, stop_all
 from hora.launchers._rendezvous import host_store
@@ -33,8 +33,8 @@ class LocalLauncher(Launcher):
                 WorkerProcess(
                     ctx.boot(rank) | {"sys_path": sys_path},
                     env,
-                    on_line=partial(ctx.report, "output", rank),
-                    on_exit=partial(ctx.report, "exit", rank),
+                    on_line=lambda stream, line, r=rank: ctx.report(Output(r, stream, line)),
+                    on_exit=lambda code, r=rank: ctx.report(Exited(r, code)),
                     cwd=os.getcwd(),
                 )
             )

@@ -33,6 +33,7 @@ from typing import Any
 
 from hora import _channel
 from hora.config import RunConfig
+from hora.job.protocol import EngineFailed, Exited, Go, Output, Refuse, Stop, TaskReady
 from hora.launchers import _spark_checks, _spark_entry, _spark_failures
 from hora.launchers._base import LaunchContext, Launcher
 from hora.launchers._rendezvous import host_store
@@ -57,7 +58,7 @@ class SparkLauncher(Launcher):
 
     multi_host = True
 
-    def __init__(self, config: RunConfig, use_gpu: bool | None = None):
+    def __init__(self, config: RunConfig, use_gpu: bool | None = None, restart: bool = False):
         sc = active_spark_context()
         if sc is None:
             raise RuntimeError(
@@ -69,9 +70,12 @@ class SparkLauncher(Launcher):
         _spark_checks.check_dynamic_allocation(sc)
         self.use_gpu = _spark_checks.resolve_use_gpu(sc, use_gpu)
         self.python = _spark_checks.python_for_tasks(sc)
-        _spark_checks.check_slots(
-            sc, config.np, wait=min(config.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
-        )
+        if restart:  # a lost executor is being replaced: wait for it, up to start_timeout
+            _spark_checks.check_slots(sc, config.np, wait=config.start_timeout, settle=None)
+        else:
+            _spark_checks.check_slots(
+                sc, config.np, wait=min(config.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
+            )
         self.sc = sc
         self.channel_host = sc.getConf().get("spark.driver.host") or "127.0.0.1"
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
@@ -138,7 +142,7 @@ class SparkLauncher(Launcher):
         if task is None or not 0 <= task < self._np:
             rank = self._first_running_rank()
             who = "the Spark stage failed"
-            self._report("engine_failed", rank, failure.summary, failure.detail, who)
+            self._report(EngineFailed(rank, failure.summary, failure.detail, who))
             return
         host = failure.host or self._tasks.get(task, {}).get("host")
         where = f"Spark task {task}" + (f" on host {host}" if host else "")
@@ -146,7 +150,7 @@ class SparkLauncher(Launcher):
             who = f"{where} (rank {task}) failed"
         else:
             who = f"{where} could not start rank {task}"
-        self._report("engine_failed", task, failure.summary, failure.detail, who)
+        self._report(EngineFailed(task, failure.summary, failure.detail, who))
 
     # -- the supervisors' messages ----------------------------------------------------------
     def _relay(self) -> None:
@@ -157,13 +161,12 @@ class SparkLauncher(Launcher):
             if message is None:
                 self._closed(conn)
                 continue
-            kind, rank, *body = message
-            if kind == "task":
-                self._register(conn, rank, body[0])
-            elif kind in ("output", "exit") and conn.peer == rank:
-                if kind == "exit":
-                    self._exited.add(rank)
-                self._report(kind, rank, *body)
+            if isinstance(message, TaskReady):
+                self._register(conn, message.rank, message.info)
+            elif isinstance(message, Output | Exited) and conn.peer == message.rank:
+                if isinstance(message, Exited):
+                    self._exited.add(message.rank)
+                self._report(message)
 
     def _register(self, conn: _channel.Connection, rank: int, info: dict[str, Any]) -> None:
         if not (isinstance(rank, int) and 0 <= rank < self._np):
@@ -177,9 +180,9 @@ class SparkLauncher(Launcher):
                 "half-finished training. Fix the first failure and run again."
             )
             with contextlib.suppress(OSError):
-                conn.send(("refuse", reason))
+                conn.send(Refuse(reason))
             if not self._stopping.is_set():
-                self._report("engine_failed", rank, "Spark re-attempted the task", reason)
+                self._report(EngineFailed(rank, "Spark re-attempted the task", reason))
             return
         conn.peer = rank
         with self._lock:
@@ -196,7 +199,7 @@ class SparkLauncher(Launcher):
             }
             for r in range(self._np):
                 with contextlib.suppress(OSError):
-                    self._supervisors[r].send(("go", plan))
+                    self._supervisors[r].send(Go(plan))
 
     def _closed(self, conn: _channel.Connection) -> None:
         rank = conn.peer
@@ -205,15 +208,16 @@ class SparkLauncher(Launcher):
         if not self._planned:  # no rank started: another task failed, and the stage says which
             return
         self._report(
-            "engine_failed",
-            rank,
-            "its Spark task ended before its worker exited (executor lost, or task killed)",
-            "",
+            EngineFailed(
+                rank,
+                "its Spark task ended before its worker exited (executor lost, or task killed)",
+                "",
+            )
         )
 
-    def _report(self, *message: Any) -> None:
+    def _report(self, message: EngineFailed | Output | Exited) -> None:
         if self._ctx is not None:
-            self._ctx.report(*message)
+            self._ctx.report(message)
 
     def _first_running_rank(self) -> int:
         return next((r for r in range(self._np) if r not in self._exited), 0)
@@ -226,7 +230,7 @@ class SparkLauncher(Launcher):
             everyone_started = len(self._tasks) == self._np
         for conn in supervisors:
             with contextlib.suppress(OSError):
-                conn.send(("stop",))
+                conn.send(Stop())
         stage = self._threads[1] if len(self._threads) > 1 else None
         if stage is not None:
             if everyone_started:

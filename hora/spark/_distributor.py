@@ -22,10 +22,19 @@ class TorchDistributor:
 
     `num_processes`: how many ranks. `local_mode`: on the driver (True) or as Spark tasks
     (False). `use_gpu`: give each rank its GPU (on Spark, the task's GPU resources, which need
-    `spark.task.resource.gpu.amount`; on the driver, its GPUs).
+    `spark.task.resource.gpu.amount`; on the driver, its GPUs). `max_restarts` (hora only,
+    keyword): restart every rank up to that many times when one fails or a task is lost, which
+    pyspark's TorchDistributor never does.
     """
 
-    def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True):
+    def __init__(
+        self,
+        num_processes: int = 1,
+        local_mode: bool = True,
+        use_gpu: bool = True,
+        *,
+        max_restarts: int = 0,
+    ):
         if isinstance(num_processes, bool) or not isinstance(num_processes, int):
             raise ValueError(f"num_processes has to be a positive integer, got {num_processes!r}")
         if num_processes <= 0:
@@ -33,6 +42,8 @@ class TorchDistributor:
         self.num_processes = num_processes
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)
+        RunConfig(np=num_processes, max_restarts=max_restarts)  # a bad value fails here
+        self.max_restarts = max_restarts
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run `train_object(*args, **kwargs)` on every rank and return rank 0's value, or run
@@ -43,7 +54,10 @@ class TorchDistributor:
         if self.local_mode and self.use_gpu:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(_driver_gpus(self.num_processes))
         config = RunConfig(
-            np=self.num_processes, backend="local" if self.local_mode else "spark", env=env
+            np=self.num_processes,
+            backend="local" if self.local_mode else "spark",
+            env=env,
+            max_restarts=self.max_restarts,
         )
         use_gpu = None if self.local_mode else self.use_gpu
         if isinstance(train_object, str | os.PathLike):

@@ -172,6 +172,7 @@ def _agree_job(size: int, group: Any) -> str:
 def _start(path: str, mark_cycles: bool) -> None:
     global _active
     from hora import _logs
+    from hora.job.protocol import TimelineBatch
     from hora.timeline._recorder import BufferRecorder, Flusher, pack
     from hora.torch import _timeline_hooks
 
@@ -182,7 +183,7 @@ def _start(path: str, mark_cycles: bool) -> None:
 
         def ship(batch: list[Any]) -> None:
             with contextlib.suppress(OSError):  # the driver is gone: nobody will read it
-                conn.send(("timeline", rank, path, pack(batch)))
+                conn.send(TimelineBatch(rank, path, pack(batch)))
 
         flusher = Flusher(recorder, ship)
         recording = _Recording(recorder, flusher, lambda: None, path)

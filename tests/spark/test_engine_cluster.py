@@ -18,6 +18,7 @@ import pytest
 import hora
 from hora import _channel
 from hora.config import RunConfig
+from hora.job.protocol import EngineFailed, Hello, Refuse, TaskReady
 from hora.launchers import LaunchContext
 from hora.launchers.spark import SparkLauncher
 from hora.spark import TorchDistributor
@@ -154,14 +155,14 @@ def test_a_rank_is_never_started_twice(spark):
     launcher = SparkLauncher(RunConfig(np=1, backend="spark"))
     launcher.start(LaunchContext(1, job_channel.address, secret, events, {}))
     try:
-        _wait_for(events, lambda m: m[0] == "hello")  # rank 0 is running
+        _wait_for(events, lambda m: isinstance(m, Hello))  # rank 0 is running
         again = _channel.connect(launcher._server.address, secret)  # what a re-attempt does
-        again.send(("task", 0, {"attempt": 1, "stage": 0}))
+        again.send(TaskReady(0, {"attempt": 1, "stage": 0}))
         reply = again.recv()
         again.close()
-        assert reply[0] == "refuse" and "second time" in reply[1]
-        failed = _wait_for(events, lambda m: m[0] == "engine_failed")
-        assert failed[1] == 0 and "re-attempted" in failed[2]
+        assert isinstance(reply, Refuse) and "second time" in reply.reason
+        failed = _wait_for(events, lambda m: isinstance(m, EngineFailed))
+        assert failed.rank == 0 and "re-attempted" in failed.summary
     finally:
         launcher.stop()
         job_channel.close()

@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
-from hora import _job, environment
+from hora import environment
 from hora.config import RunConfig
+from hora.job.driver import Job
+from hora.job.group import WorkerGroup
 from hora.launchers import LaunchContext, Launcher
 from hora.timeline._events import STOP, RankTrack
 from hora.timeline._file import PIECE_BYTES, TraceFile
@@ -177,10 +179,10 @@ def test_timeline_variables_set_on_the_driver_are_sent_to_every_engine(monkeypat
     launcher = _Capture()
     config = RunConfig(np=2, env={"HOROVOD_TIMELINE_MARK_CYCLES": "0", "OTHER": "x"})
     with pytest.raises(RuntimeError, match="captured"):
-        _job.Job(config, b"", launcher, collect_all=False).run()
+        Job(config, b"", lambda _a, env: WorkerGroup(2, launcher, env), collect_all=False).run()
     assert launcher.env == {
         "HOROVOD_TIMELINE": "/somewhere/trace.json",
         "HOROVOD_TIMELINE_MARK_CYCLES": "0",  # the run's own env wins
         "OTHER": "x",
-    }
+    } | environment.restart_env(0, 0)
     assert environment.driver_env({"HORA_TIMELINE": "", "PATH": "/bin"}) == {}

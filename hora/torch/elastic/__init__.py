@@ -5,7 +5,9 @@ respawn workers). `run` therefore recovers from errors that every live rank sees
 `HorovodInternalError` while all processes survive (a mismatched or timed-out collective, a torn
 connection): state goes back to its last `commit()`, the process group is rebuilt with
 `shutdown()` + `init()`, state is re-broadcast from rank 0 and the function is retried. A worker
-that died stays dead: the launcher then fails the job, as Horovod's non-elastic mode would.
+that died stays dead, and its in-memory state with it: the launcher fails the attempt, and with
+`max_restarts` starts the whole group again, which then resumes from the last checkpoint on disk
+(`hora.checkpoint`).
 """
 
 from hora.torch.elastic._retry import run as run

@@ -1,9 +1,9 @@
-"""The driver's side of one run: hand out the job, relay logs, collect results, judge failures.
+"""Watching one attempt: hand out the job, relay logs, collect results, tell a failure's story.
 
-Engine-agnostic: a launcher starts workers and reports their output and exits as events; the
-workers report over the authenticated channel. Everything arrives on one queue and is handled on
-the caller's thread, so logs print in order, in the caller's cell, and nothing prints after
-`run` returns.
+Everything the group reports arrives on one queue and is handled on the caller's thread, so logs
+print in order, in the caller's cell, and nothing prints after the attempt is over. The monitor
+decides nothing about restarts: it returns the results, or raises the attempt's
+`WorkerFailedError` / `RunTimeoutError` for the failure policy to judge.
 """
 
 from __future__ import annotations
@@ -14,20 +14,34 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-import cloudpickle
-
-from hora import _channel, environment
+from hora import _channel
 from hora._output_files import OutputFiles
-from hora.config import RunConfig
 from hora.errors import RunTimeoutError, WorkerFailedError
-from hora.launchers import LaunchContext, Launcher
+from hora.job.protocol import (
+    EngineFailed,
+    Error,
+    Exited,
+    Hello,
+    Output,
+    Payload,
+    Result,
+    Stall,
+    TimelineBatch,
+)
 from hora.timeline._driver import DriverTimeline
 
 TAIL_LINES = 30
 SETTLE_SECONDS = 0.3  # after a first failure, wait this long for its cause to be reported too
 EXIT_GRACE_SECONDS = 10.0  # after every result is in, how long ranks get to exit by themselves
+
+
+class Group(Protocol):
+    """What the monitor needs of a worker group (a real `WorkerGroup`, or a test's fake)."""
+
+    events: queue.Queue
+    multi_host: bool
 
 
 @dataclass
@@ -43,128 +57,113 @@ class Failure:
         return f"{self.subject or f'rank {self.rank} failed'}: {self.summary}"
 
 
-class Job:
-    """One run of a pickled job on a launcher. `run()` returns the pickled results by rank."""
+@dataclass(frozen=True)
+class Limits:
+    """When an attempt must give up: absolute `time.monotonic()` deadlines."""
 
-    def __init__(self, config: RunConfig, payload: bytes, launcher: Launcher, collect_all: bool):
-        self.config = config
+    start_timeout: float  # seconds for every rank of this attempt to connect
+    timeout: float | None  # the run's whole `timeout`, for the message
+    deadline: float | None  # when the run's `timeout` runs out (across attempts)
+
+
+class Monitor:
+    """One attempt of a run. `watch()` returns the raw (pickled) results by rank."""
+
+    def __init__(
+        self,
+        group: Group,
+        np: int,
+        payload: bytes,
+        collect_all: bool,
+        timeline: DriverTimeline,
+        log_callback_only: bool = False,
+        output_files: OutputFiles | None = None,
+    ):
+        self.group = group
+        self.np = np
         self.payload = payload
-        self.launcher = launcher
         self.collect_all = collect_all
-        self.events: queue.Queue = queue.Queue()
+        self.timeline = timeline
+        self.log_callback_only = log_callback_only
+        self.output_files = output_files  # the run's, shared by its attempts
         self.started: dict[int, str] = {}  # rank -> host
-        self.results: dict[int, Any] = {}
+        self.results: dict[int, bytes | None] = {}
         self.exits: dict[int, int] = {}
         self.closed: set[int] = set()  # ranks whose worker channel has closed (fully read)
         self.failures: dict[int, Failure] = {}
-        self.tails: dict[int, deque[str]] = {r: deque(maxlen=TAIL_LINES) for r in range(config.np)}
+        self.tails: dict[int, deque[str]] = {r: deque(maxlen=TAIL_LINES) for r in range(np)}
         self.stopping = False
-        self.timeline = DriverTimeline()  # ranks send ("timeline", rank, path, events)
-        self.output_files: OutputFiles | None = None
         self.stall: str | None = None  # rank 0's standing stall warning (hora.torch._stall)
 
-    def run(self) -> list[Any]:
-        if self.config.output_filename:  # before anything starts: a bad folder is a ValueError
-            self.output_files = OutputFiles(self.config.output_filename, self.config.np)
-        secret = _channel.new_secret()
-        server = _channel.Server(secret, self.events, host=self.launcher.channel_host)
-        env = environment.driver_env() | dict(self.config.env)
-        ctx = LaunchContext(self.config.np, server.address, secret, self.events, env)
-        try:
-            self.launcher.start(ctx)
-            self._monitor()
-        finally:
-            self.stopping = True
-            self.launcher.stop()
-            server.close()
-            self._drain()
-            self.timeline.close()
-            if self.output_files is not None:
-                self.output_files.close()
-        return [
-            None if self.results[r] is None else cloudpickle.loads(self.results[r])
-            for r in range(self.config.np)
-        ]
-
     # -- the loop ---------------------------------------------------------------------------
-    def _monitor(self) -> None:
-        np = self.config.np
-        t0 = time.monotonic()
-        start_deadline = t0 + self.config.start_timeout
-        deadline = t0 + self.config.timeout if self.config.timeout else None
+    def watch(self, limits: Limits) -> dict[int, bytes | None]:
+        np = self.np
+        start_deadline = time.monotonic() + limits.start_timeout
         all_done_at: float | None = None
         while True:
             now = time.monotonic()
             if self.failures:
                 first = min(f.time for f in self.failures.values())
                 if time.time() - first >= SETTLE_SECONDS:
-                    raise self._failure_error()
+                    raise self.failure_error()
             elif len(self.results) == np:
                 all_done_at = all_done_at or now
                 if len(self.exits) == np or now - all_done_at > EXIT_GRACE_SECONDS:
-                    return
+                    return self.results
             if len(self.started) < np and now > start_deadline:
                 missing = [r for r in range(np) if r not in self.started]
                 raise RunTimeoutError(
                     f"{len(missing)} of {np} workers did not start within start_timeout="
-                    f"{self.config.start_timeout:g} s: ranks {_ranks(missing)} never connected "
+                    f"{limits.start_timeout:g} s: ranks {_ranks(missing)} never connected "
                     "to the driver. Check that the cluster has free slots and that workers can "
                     "reach the driver, or raise start_timeout.",
                     missing,
                 )
-            if deadline is not None and now > deadline:
+            if limits.deadline is not None and now > limits.deadline:
                 running = [r for r in range(np) if r not in self.results]
                 stall = f"\nThey were stalled: {self.stall}" if self.stall else ""
                 raise RunTimeoutError(
-                    f"the job ran past timeout={self.config.timeout:g} s and was stopped; "
+                    f"the job ran past timeout={limits.timeout:g} s and was stopped; "
                     f"ranks {_ranks(running)} had not finished.{stall}",
                     running,
                 )
             try:
-                conn, message = self.events.get(timeout=0.05)
+                conn, message = self.group.events.get(timeout=0.05)
             except queue.Empty:
                 continue
-            self._handle(conn, message)
+            self.handle(conn, message)
 
-    def _handle(self, conn: _channel.Connection | None, message: tuple | None) -> None:
-        if message is None:  # a channel closed; the launcher reports the process's exit
-            rank = getattr(conn, "peer", None)
-            if rank is not None:
-                self.closed.add(rank)
-                if self.exits.get(rank) == 0:  # its exit was reported before its channel drained
-                    self._exited(rank, 0)
-            return
-        kind, *body = message
-        if kind == "hello":
-            assert conn is not None  # a hello only ever arrives on a worker's channel
-            rank, _pid, host = body
-            if not (isinstance(rank, int) and 0 <= rank < self.config.np) or rank in self.started:
-                conn.close()
-                return
-            conn.peer = rank
-            self.started[rank] = host
-            want = self.collect_all or rank == 0
-            conn.send(("payload", self.payload, want))
-        elif kind == "output":
-            self._output(*body)
-        elif kind == "result":
-            rank, data = body
-            self.results[rank] = data
-        elif kind == "error":
-            info = body[0]
-            self.failures[info["rank"]] = Failure(
-                info["rank"], info["summary"], info["traceback"], True, info["time"]
-            )
-        elif kind == "exit":
-            self._exited(*body)
-        elif kind == "engine_failed":
-            rank, summary, detail, *subject = body
-            failure = Failure(rank, summary, detail, False, time.time(), *subject)
-            self.failures.setdefault(rank, failure)
-        elif kind == "timeline":
-            self.timeline.receive(*body)
-        elif kind == "stall":
-            self._stall(*body)
+    def handle(self, conn: _channel.Connection | None, message: Any) -> None:
+        match message:
+            case None:  # a channel closed; the launcher reports the process's exit
+                rank = getattr(conn, "peer", None)
+                if rank is not None:
+                    self.closed.add(rank)
+                    if self.exits.get(rank) == 0:  # its exit came before its channel drained
+                        self._exited(rank, 0)
+            case Hello(rank=rank, host=host):
+                assert conn is not None  # a hello only ever arrives on a worker's channel
+                if not (isinstance(rank, int) and 0 <= rank < self.np) or rank in self.started:
+                    conn.close()
+                    return
+                conn.peer = rank
+                self.started[rank] = host
+                conn.send(Payload(self.payload, self.collect_all or rank == 0))
+            case Output(rank=rank, stream=stream, text=text):
+                self._output(rank, stream, text)
+            case Result(rank=rank, data=data):
+                self.results[rank] = data
+            case Error(rank=rank, summary=summary, traceback=tb, time=when):
+                self.failures[rank] = Failure(rank, summary, tb, True, when)
+            case Exited(rank=rank, code=code):
+                self._exited(rank, code)
+            case EngineFailed(rank=rank, summary=summary, detail=detail, subject=subject):
+                failure = Failure(rank, summary, detail, False, time.time(), subject)
+                self.failures.setdefault(rank, failure)
+            case TimelineBatch(rank=rank, path=path, batch=batch):
+                self.timeline.receive(rank, path, batch)
+            case Stall(text=text):
+                self._stall(text)
 
     def _stall(self, text: str | None) -> None:
         """Rank 0's engine reports a stall (None: it is over); said on stderr, kept for timeouts."""
@@ -176,10 +175,10 @@ class Job:
         self.tails[rank].append(text)
         if self.output_files is not None:
             self.output_files.write(rank, stream, text)
-        if self.config.driver_log_verbosity == "log_callback_only" and stream != "log":
+        if self.log_callback_only and stream != "log":
             return
         host = self.started.get(rank)
-        where = f"{rank}@{host}" if host and self.launcher.multi_host else f"{rank}"
+        where = f"{rank}@{host}" if host and self.group.multi_host else f"{rank}"
         out = sys.stderr if stream == "stderr" else sys.stdout
         print(f"[{where}] {text}", file=out, flush=True)
 
@@ -200,22 +199,19 @@ class Job:
                 time.time(),
             )
 
-    def _drain(self) -> None:
-        """Print what was said before the workers were stopped; nothing is lost at exit."""
+    def drain(self) -> None:
+        """After the group stopped: print what was said before; nothing is lost at exit."""
+        self.stopping = True
         while True:
             try:
-                _conn, message = self.events.get_nowait()
+                _conn, message = self.group.events.get_nowait()
             except queue.Empty:
                 return
-            if message and message[0] == "output":
-                self._output(*message[1:])
-            elif message and message[0] == "timeline":
-                self.timeline.receive(*message[1:])
-            elif message and message[0] == "stall":
-                self._stall(*message[1:])
+            if isinstance(message, Output | TimelineBatch | Stall):
+                self.handle(None, message)
 
     # -- the story of a failure -------------------------------------------------------------
-    def _failure_error(self) -> WorkerFailedError:
+    def failure_error(self) -> WorkerFailedError:
         # A silent death (signal, exit without a word) makes the other ranks' collectives fail
         # moments later, so it is the likelier root cause; then the earliest report wins.
         ordered = sorted(self.failures.values(), key=lambda f: (f.reported, f.time))

@@ -1,0 +1,45 @@
+"""One attempt's ranks on one engine: start them, hand on what they say, stop them all.
+
+A group owns the job channel's server and a launcher for one attempt only; a restart builds a
+new group, so every attempt gets a fresh secret, channel, rendezvous store and (on Spark) a new
+barrier stage. Stale messages of a stopped attempt cannot reach the next one.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Mapping
+
+from hora import _channel
+from hora.launchers import LaunchContext, Launcher
+
+
+class WorkerGroup:
+    """`np` workers started by `launcher`; everything they and the launcher report arrives on
+    `events` as `(connection or None, message)` pairs."""
+
+    def __init__(self, np: int, launcher: Launcher, env: Mapping[str, str]):
+        self.np = np
+        self.launcher = launcher
+        self.env = dict(env)
+        self.events: queue.Queue = queue.Queue()
+        self._server: _channel.Server | None = None
+
+    @property
+    def multi_host(self) -> bool:
+        """Whether log lines should name the host as well as the rank."""
+        return self.launcher.multi_host
+
+    def start(self) -> None:
+        secret = _channel.new_secret()
+        self._server = _channel.Server(secret, self.events, host=self.launcher.channel_host)
+        address = self._server.address
+        self.launcher.start(LaunchContext(self.np, address, secret, self.events, self.env))
+
+    def stop(self) -> None:
+        """Stop every worker and close the channel (a worker that outlived its supervisor sees
+        the channel close and kills itself). Idempotent."""
+        self.launcher.stop()
+        if self._server is not None:
+            self._server.close()
+            self._server = None

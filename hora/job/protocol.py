@@ -1,0 +1,128 @@
+"""Every message that crosses between the driver, the launchers and the workers, typed.
+
+One module, so that a reader sees the whole conversation in one place and a sender and its
+receiver cannot drift apart on a tuple's order. Messages are NamedTuples: immutable, cheap to
+pickle over the channel, and matched by type (`match message: case Output(...)`), not by a string
+tag. Nothing here imports more than the standard library: the worker bootstrap and Spark's
+Python workers import it too.
+
+Who sends what:
+
+- worker -> driver (the job's channel): Hello, Output, Result, Error, TimelineBatch, Stall
+- driver -> worker: Payload
+- launcher -> driver (the job's event queue): Output, Exited, EngineFailed
+- Spark task supervisor <-> the Spark launcher: TaskReady, Output, Exited / Go, Refuse, Stop
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+# -- worker -> driver ---------------------------------------------------------------------------
+
+
+class Hello(NamedTuple):
+    """A worker's first word: which rank it is, so the driver hands it the job."""
+
+    rank: int
+    pid: int
+    host: str
+
+
+class Output(NamedTuple):
+    """One line a rank printed ("stdout", "stderr") or sent with log_to_driver ("log")."""
+
+    rank: int
+    stream: str
+    text: str
+
+
+class Result(NamedTuple):
+    """The rank's pickled return value (None when the driver does not want it)."""
+
+    rank: int
+    data: bytes | None
+
+
+class Error(NamedTuple):
+    """The rank's own account of its failure: the user's traceback, without hora's frames."""
+
+    rank: int
+    summary: str
+    traceback: str
+    time: float
+
+
+class TimelineBatch(NamedTuple):
+    """Raw timeline events (marshalled) for the trace file at `path` on the driver."""
+
+    rank: int
+    path: str
+    batch: bytes | list[Any]
+
+
+class Stall(NamedTuple):
+    """Rank 0's stall inspector: what has waited and for whom (None: the stall is over)."""
+
+    text: str | None
+
+
+# -- driver -> worker ---------------------------------------------------------------------------
+
+
+class Payload(NamedTuple):
+    """The pickled `(fn, args, kwargs)`; `want_result` says whether to send the value back."""
+
+    job: bytes
+    want_result: bool
+
+
+# -- launcher -> driver -------------------------------------------------------------------------
+
+
+class Exited(NamedTuple):
+    """A rank's process ended with `code` (negative: killed by that signal)."""
+
+    rank: int
+    code: int
+
+
+class EngineFailed(NamedTuple):
+    """The engine lost a rank without an exit code (a Spark task or executor lost, a stage
+    failed, a task re-attempted). `subject` starts the story's headline when what failed is not
+    the rank itself ("Spark task 1 on host h could not start rank 1")."""
+
+    rank: int
+    summary: str
+    detail: str
+    subject: str = ""
+
+
+# -- Spark task supervisor <-> Spark launcher --------------------------------------------------
+
+
+class TaskReady(NamedTuple):
+    """A barrier task is up: its host, GPUs, cores and Spark attempt numbers."""
+
+    rank: int
+    info: dict[str, Any]
+
+
+class Go(NamedTuple):
+    """Every task is up: start the worker with this plan (hosts, store, GPUs, user env)."""
+
+    plan: dict[str, Any]
+
+
+class Refuse(NamedTuple):
+    """Do not start a worker (Spark re-attempted a task of a run already under way)."""
+
+    reason: str
+
+
+class Stop(NamedTuple):
+    """Stop the worker and end the task."""
+
+
+#: what the job's event queue carries from the launchers and the workers
+DriverMessage = Hello | Output | Result | Error | TimelineBatch | Stall | Exited | EngineFailed
