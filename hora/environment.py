@@ -43,6 +43,22 @@ class RankPlacement:
     cross_size: int
 
 
+def read_int(*names: str) -> int | None:
+    """The first of `names` set in this process's environment, as an int; None if none is set.
+
+    How a rank reads its place back from the contract (or from horovodrun's or torchrun's), in
+    hora.torch and hora.checkpoint alike.
+    """
+    for name in names:
+        value = os.environ.get(name, "")
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"{name}={value!r} is not an integer rank or size") from None
+    return None
+
+
 def placements(hosts: list[str]) -> list[RankPlacement]:
     """Placements for ranks given each rank's host, in rank order.
 

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from hora.checkpoint import _format
 from hora.checkpoint._storage import Storage, is_temp, open_storage
+from hora.environment import read_int
 
 _NAME = re.compile(r"^step-(\d+)\.ckpt$")
 
@@ -34,17 +35,6 @@ class CheckpointLoadError(RuntimeError):
     """Rank 0 could not read the checkpoint that every rank was waiting for."""
 
 
-def _env_int(*names: str) -> int | None:
-    for name in names:
-        value = os.environ.get(name, "")
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                raise ValueError(f"{name}={value!r} is not an integer rank or size") from None
-    return None
-
-
 def _rank_and_size() -> tuple[int, int]:
     """This process's rank and the world's size, asked when it matters (not at construction).
 
@@ -58,8 +48,8 @@ def _rank_and_size() -> tuple[int, int]:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    rank = _env_int("RANK", "HOROVOD_RANK")
-    size = _env_int("WORLD_SIZE", "HOROVOD_SIZE")
+    rank = read_int("RANK", "HOROVOD_RANK")
+    size = read_int("WORLD_SIZE", "HOROVOD_SIZE")
     return rank or 0, size or 1
 
 

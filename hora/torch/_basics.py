@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hora import _logs
-from hora.environment import placements
+from hora.environment import placements, read_int
 from hora.timeline import _control as _timeline
 from hora.torch import _channel, _shm, _state
 from hora.torch._common import NOT_INITIALIZED
@@ -35,14 +35,6 @@ DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 DEFAULT_CYCLE_TIME_MS = 1.0
 
 
-def _env_int(*names: str) -> int | None:
-    for name in names:
-        value = os.environ.get(name)
-        if value not in (None, ""):
-            return int(value)
-    return None
-
-
 def _env_float(name: str, default: float) -> float:
     value = os.environ.get(name)
     return float(value) if value not in (None, "") else default
@@ -55,8 +47,8 @@ def timeout() -> timedelta:
 
 def _init_torch_distributed() -> bool:
     """Initialise the default group from the launcher's environment; False when there is none."""
-    rank = _env_int("RANK", "HOROVOD_RANK")
-    size = _env_int("WORLD_SIZE", "HOROVOD_SIZE")
+    rank = read_int("RANK", "HOROVOD_RANK")
+    size = read_int("WORLD_SIZE", "HOROVOD_SIZE")
     if size is None or rank is None:
         return False
     if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
@@ -76,10 +68,10 @@ def _init_torch_distributed() -> bool:
 def _placement(rank: int, size: int, world: Any) -> tuple[int, int, int, int]:
     """(local_rank, local_size, cross_rank, cross_size): from the launcher, else from host names."""
     values = (
-        _env_int("HOROVOD_LOCAL_RANK", "LOCAL_RANK"),
-        _env_int("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
-        _env_int("HOROVOD_CROSS_RANK", "GROUP_RANK"),
-        _env_int("HOROVOD_CROSS_SIZE", "GROUP_WORLD_SIZE"),
+        read_int("HOROVOD_LOCAL_RANK", "LOCAL_RANK"),
+        read_int("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
+        read_int("HOROVOD_CROSS_RANK", "GROUP_RANK"),
+        read_int("HOROVOD_CROSS_SIZE", "GROUP_WORLD_SIZE"),
     )
     if all(v is not None for v in values):
         return values  # type: ignore[return-value]
