@@ -17,6 +17,7 @@ import pytest
 
 from hora.cli import main
 from hora.environment import threads_per_rank
+from tests import _workers
 from tests.conftest import wait_for_no_processes
 
 SCRIPT = """
@@ -26,23 +27,7 @@ if "--fail" in sys.argv and os.environ["RANK"] == "1":
     raise RuntimeError("script failed on purpose")
 """
 
-CONTRACT = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "HOROVOD_RANK",
-    "HOROVOD_SIZE",
-    "HOROVOD_LOCAL_RANK",
-    "HOROVOD_LOCAL_SIZE",
-    "HOROVOD_CROSS_RANK",
-    "HOROVOD_CROSS_SIZE",
-    "OMP_NUM_THREADS",
-    "OMP_WAIT_POLICY",
-)
+CONTRACT = tuple(name for name in _workers.CONTRACT if name != "USER_VAR")  # the rank contract
 
 # Prints the contract as NAME=value lines, its arguments one per line, and a line on stderr.
 SHELL_SCRIPT = f"""#!/bin/sh
