@@ -151,11 +151,10 @@ def DistributedGradientTape(
     del device_dense, device_sparse
     if num_groups and groups is None:
         groups = num_groups
-    cls = type(
-        gradtape.__class__.__name__,
-        (gradtape.__class__,),
-        {k: v for k, v in _DistributedGradientTape.__dict__.items() if not k.startswith("__")},
-    )
+    base = gradtape.__class__
+    methods = {k: v for k, v in _DistributedGradientTape.__dict__.items() if not k.startswith("__")}
+    methods.update(__module__=base.__module__, __qualname__=base.__qualname__)
+    cls = type(base.__name__, (base,), methods)
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._hora = {

@@ -29,7 +29,8 @@ class _DistributedMethods:
     _hora: dict[str, Any]
 
     def _backend_apply_gradients(self, grads: Any, trainable_variables: Any) -> Any:
-        self._hora_variables = list(trainable_variables)
+        # object.__setattr__: Keras tracks variables set as attributes (and would save them).
+        object.__setattr__(self, "_hora_variables", list(trainable_variables))
         return super(type(self), self)._backend_apply_gradients(  # type: ignore[misc]
             grads, trainable_variables
         )
@@ -65,6 +66,9 @@ def distributed_class(base: type) -> type:
     cls = _classes.get(base)
     if cls is None:
         methods = {k: v for k, v in _DistributedMethods.__dict__.items() if not k.startswith("__")}
+        # Saved models name the base class (module and name), so keras.models.load_model
+        # (or hvd.load_model, which wraps it again) finds it without hora.
+        methods.update(__module__=base.__module__, __qualname__=base.__qualname__)
         cls = _classes[base] = type(base.__name__, (base,), methods)
     return cls
 
@@ -82,7 +86,7 @@ def make_distributed(optimizer: Any, options: dict[str, Any]) -> Any:
     """Turn `optimizer` itself into its distributed subclass (keeps its variables: load_model)."""
     _check_hooks(optimizer)
     optimizer.__class__ = distributed_class(type(optimizer))
-    optimizer._hora = options
+    object.__setattr__(optimizer, "_hora", options)
     return optimizer
 
 
@@ -157,15 +161,19 @@ def DistributedOptimizer(
         config["gradient_accumulation_steps"] = int(backward_passes_per_step)
     config["name"] = name or f"Distributed{type(optimizer).__name__}"
     wrapped = distributed_class(type(optimizer)).from_config(config)
-    wrapped._hora = _options(
-        compression,
-        sparse_as_dense,
-        gradient_predivide_factor,
-        op,
-        int(backward_passes_per_step),
-        average_aggregated_gradients,
-        groups,
-        process_set,
-        scale_local_gradients,
+    object.__setattr__(
+        wrapped,
+        "_hora",
+        _options(
+            compression,
+            sparse_as_dense,
+            gradient_predivide_factor,
+            op,
+            int(backward_passes_per_step),
+            average_aggregated_gradients,
+            groups,
+            process_set,
+            scale_local_gradients,
+        ),
     )
     return wrapped
