@@ -2,8 +2,8 @@
 
 The engine moves torch tensors; a TF tensor enters as its numpy array seen through
 `torch.from_numpy` (no copy: the engine never writes to the input of an out-of-place op) and
-leaves as a TF tensor made from the result. Eagerly that is a direct call; inside a `tf.function`
-the call becomes a `tf.numpy_function` with the shapes known at trace time.
+the result leaves as a TF tensor over the same memory (DLPack). Eagerly that is a direct call;
+inside a `tf.function` it becomes a `tf.numpy_function` with the shapes known at trace time.
 
 Inside one traced function, collectives run in the order they were traced (each waits on the
 one before, by a control dependency). A blocking numpy_function holds one of TF's inter-op
@@ -60,6 +60,17 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def to_tf(tensor: torch.Tensor) -> tf.Tensor:
+    """An eager TF tensor over the result's memory (DLPack: TF keeps the torch storage alive);
+    a copy where DLPack cannot carry it (bool, a layout TF refuses)."""
+    if tensor.dtype != torch.bool:
+        try:
+            return tf.experimental.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(tensor))
+        except Exception:  # e.g. alignment or strides TF does not take
+            pass
+    return tf.convert_to_tensor(to_numpy(tensor))
+
+
 _graph_counters: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _graph_last_op: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
@@ -85,8 +96,9 @@ def run(
     """Run `call` (torch tensors in, torch tensors out) on TF tensors: directly when eager, as a
     chained `tf.numpy_function` inside a graph."""
     if tf.executing_eagerly():
-        outputs = call([to_torch(t.numpy()) for t in tensors])
-        return [tf.convert_to_tensor(to_numpy(o)) for o in outputs]
+        # np.asarray shares the eager tensor's buffer (`.numpy()` would copy it).
+        outputs = call([to_torch(np.asarray(t)) for t in tensors])
+        return [to_tf(o) for o in outputs]
 
     def py(*arrays: Any) -> list[np.ndarray]:
         return [to_numpy(o) for o in call([to_torch(a) for a in arrays])]
