@@ -60,10 +60,14 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+_TF_ALIGNMENT = 64  # EIGEN_MAX_ALIGN_BYTES: Tensor::CheckTypeAndIsAligned
+
+
 def to_tf(tensor: torch.Tensor) -> tf.Tensor:
     """An eager TF tensor over the result's memory (DLPack: TF keeps the torch storage alive);
-    a copy where DLPack cannot carry it (bool, a layout TF refuses)."""
-    if tensor.dtype != torch.bool:
+    a copy where DLPack cannot carry it: bool, a layout TF refuses, or memory not aligned as
+    TF's kernels assume (TF's from_dlpack does not check; a kernel aborts the process later)."""
+    if tensor.dtype != torch.bool and tensor.data_ptr() % _TF_ALIGNMENT == 0:
         try:
             return tf.experimental.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(tensor))
         except Exception:  # e.g. alignment or strides TF does not take
