@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(PY) examples/digits.py
+	$(PY) examples/keras_digits.py
 
 test: setup
 	$(VENV)/bin/ruff check hora tests bench examples

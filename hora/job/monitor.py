@@ -93,7 +93,7 @@ class Monitor:
         self.failures: dict[int, Failure] = {}
         self.tails: dict[int, deque[str]] = {r: deque(maxlen=TAIL_LINES) for r in range(np)}
         self.stopping = False
-        self.stall: str | None = None  # rank 0's standing stall warning (hora.torch._stall)
+        self.stall: str | None = None  # rank 0's standing stall warning (hora.collectives._stall)
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:

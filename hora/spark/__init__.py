@@ -7,3 +7,8 @@ TorchDistributor`, with the same arguments and meanings, on hora's engines.
 from hora.spark._distributor import TorchDistributor as TorchDistributor
 
 __all__ = ["TorchDistributor"]
+
+# spark-tensorflow-distributor's door (TensorFlow is imported only inside the ranks).
+from hora.spark._mirrored import MirroredStrategyRunner as MirroredStrategyRunner
+
+__all__ += ["MirroredStrategyRunner"]

@@ -112,7 +112,7 @@ def stop_timeline() -> None:
     if rec is None:
         return
     from hora import _logs
-    from hora.torch import _timeline_hooks
+    from hora.collectives import _timeline_hooks
 
     if _timeline_hooks.recorder is rec.recorder:
         _timeline_hooks.set_recorder(None)
@@ -172,9 +172,9 @@ def _agree_job(size: int, group: Any) -> str:
 def _start(path: str, mark_cycles: bool) -> None:
     global _active
     from hora import _logs
+    from hora.collectives import _timeline_hooks
     from hora.job.protocol import TimelineBatch
     from hora.timeline._recorder import BufferRecorder, Flusher, pack
-    from hora.torch import _timeline_hooks
 
     recorder = BufferRecorder(mark_cycles)
     if _under_launcher():

@@ -4,11 +4,11 @@ Scripts written for `import horovod.torch as hvd` run unchanged: gloo moves CPU 
 CUDA tensors, and a background engine gives Horovod's name-matched, validated, fused collectives.
 """
 
+from hora.collectives._common import HostsUpdatedInterrupt as HostsUpdatedInterrupt
 from hora.timeline import start_timeline as start_timeline
 from hora.timeline import stop_timeline as stop_timeline
 from hora.timeline import timeline_context as timeline_context
 from hora.torch import elastic as elastic
-from hora.torch._common import HostsUpdatedInterrupt as HostsUpdatedInterrupt
 from hora.torch.compression import Compression as Compression
 from hora.torch.functions import allgather_object as allgather_object
 from hora.torch.functions import broadcast_object as broadcast_object

@@ -1,4 +1,4 @@
-"""Autograd for the collectives, with Horovod's gradients.
+"""The differentiable collectives (`hvd.allreduce` & co.): autograd with Horovod's gradients.
 
 allreduce -> allreduce of the gradient (same op and scale factors); allgather -> average
 allreduce narrowed to this rank's rows; broadcast -> average allreduce, zero off the root;
@@ -13,24 +13,26 @@ from typing import Any
 import torch
 from torch.autograd import Function
 
-from hora.torch import mpi_ops
-from hora.torch._common import Average, Sum
+from hora.collectives import ops
+from hora.collectives._basics import rank
+from hora.collectives._common import Average, Sum
+from hora.collectives._process_sets import ProcessSet, global_process_set
+from hora.collectives.ops import Tensors, _resolve_op
+from hora.torch.compression import Compression, Compressor
 
 
 class HorovodAllreduce(Function):
     @staticmethod
     def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
         ctx.args = (op, prescale, postscale, process_set)
-        return mpi_ops.synchronize(
-            mpi_ops._allreduce_async(
-                [tensor], name, op, prescale, postscale, process_set, False, False
-            )
+        return ops.synchronize(
+            ops._allreduce_async([tensor], name, op, prescale, postscale, process_set, False, False)
         )
 
     @staticmethod
     def backward(ctx: Any, grad):  # type: ignore[override]
         op, prescale, postscale, process_set = ctx.args
-        reduced = mpi_ops.allreduce(
+        reduced = allreduce(
             grad.contiguous(),
             op=op,
             prescale_factor=prescale,
@@ -45,8 +47,8 @@ class HorovodGroupedAllreduce(Function):
     def forward(ctx: Any, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
         ctx.args = (op, prescale, postscale, process_set)
         return tuple(
-            mpi_ops.synchronize(
-                mpi_ops._allreduce_async(
+            ops.synchronize(
+                ops._allreduce_async(
                     list(tensors), name, op, prescale, postscale, process_set, False, True
                 )
             )
@@ -55,7 +57,7 @@ class HorovodGroupedAllreduce(Function):
     @staticmethod
     def backward(ctx: Any, *grads):  # type: ignore[override]
         op, prescale, postscale, process_set = ctx.args
-        reduced = mpi_ops.grouped_allreduce(
+        reduced = grouped_allreduce(
             [g.contiguous() for g in grads],
             op=op,
             prescale_factor=prescale,
@@ -65,24 +67,24 @@ class HorovodGroupedAllreduce(Function):
         return (None, None, None, None, None, *reduced)
 
 
-def _my_rows(dim: int, process_set: mpi_ops.ProcessSet) -> int:
+def _my_rows(dim: int, process_set: ops.ProcessSet) -> int:
     """Offset of this rank's rows in an allgather output."""
-    dims = mpi_ops.allgather(torch.tensor([dim], dtype=torch.int64), process_set=process_set)
-    index = process_set.ranks.index(mpi_ops.rank())
+    dims = allgather(torch.tensor([dim], dtype=torch.int64), process_set=process_set)
+    index = process_set.ranks.index(rank())
     return int(dims[:index].sum().item())
 
 
 class HorovodAllgather(Function):
     @staticmethod
     def forward(ctx: Any, tensor, name, process_set):  # type: ignore[override]
-        handle = mpi_ops._allgather_async([tensor], name, process_set, False)
+        handle = ops._allgather_async([tensor], name, process_set, False)
         ctx.dim = tensor.shape[0]
         ctx.process_set = process_set
-        return mpi_ops.synchronize(handle)
+        return ops.synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, grad):  # type: ignore[override]
-        reduced = mpi_ops.allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
         offset = _my_rows(ctx.dim, ctx.process_set)
         return reduced.narrow(0, offset, ctx.dim), None, None
 
@@ -90,14 +92,14 @@ class HorovodAllgather(Function):
 class HorovodGroupedAllgather(Function):
     @staticmethod
     def forward(ctx: Any, name, process_set, *tensors):  # type: ignore[override]
-        handle = mpi_ops._allgather_async(list(tensors), name, process_set, True)
+        handle = ops._allgather_async(list(tensors), name, process_set, True)
         ctx.dims = [t.shape[0] for t in tensors]
         ctx.process_set = process_set
-        return tuple(mpi_ops.synchronize(handle))
+        return tuple(ops.synchronize(handle))
 
     @staticmethod
     def backward(ctx: Any, *grads):  # type: ignore[override]
-        reduced = mpi_ops.grouped_allreduce(
+        reduced = grouped_allreduce(
             [g.contiguous() for g in grads], op=Average, process_set=ctx.process_set
         )
         out = []
@@ -111,14 +113,12 @@ class HorovodBroadcast(Function):
     def forward(ctx: Any, tensor, root_rank, name, process_set):  # type: ignore[override]
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        return mpi_ops.synchronize(
-            mpi_ops._broadcast_async(tensor, root_rank, name, process_set, False)
-        )
+        return ops.synchronize(ops._broadcast_async(tensor, root_rank, name, process_set, False))
 
     @staticmethod
     def backward(ctx: Any, grad):  # type: ignore[override]
-        reduced = mpi_ops.allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
-        if mpi_ops.rank() != ctx.root_rank:
+        reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
+        if rank() != ctx.root_rank:
             reduced = reduced * 0
         return reduced, None, None, None
 
@@ -130,15 +130,15 @@ class HorovodAlltoall(Function):
         ctx.shape = tensor.shape
         # The rows each rank sent here, also for an even split (ranks' dim 0 may differ): the
         # gradient goes back by exactly these splits.
-        handle = mpi_ops._alltoall_async(tensor, splits, name, process_set, True)
-        output, received = mpi_ops.synchronize(handle)
+        handle = ops._alltoall_async(tensor, splits, name, process_set, True)
+        output, received = ops.synchronize(handle)
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return output, received
 
     @staticmethod
     def backward(ctx: Any, grad, _grad_splits):  # type: ignore[override]
-        back, _ = mpi_ops.alltoall(grad.contiguous(), ctx.received, process_set=ctx.process_set)
+        back, _ = alltoall(grad.contiguous(), ctx.received, process_set=ctx.process_set)
         if back.shape[0] < ctx.shape[0]:  # rows that were not sent get no gradient
             pad = back.new_zeros((ctx.shape[0] - back.shape[0], *back.shape[1:]))
             back = torch.cat([back, pad])
@@ -150,15 +150,13 @@ class HorovodReducescatter(Function):
     def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
         ctx.op = op
         ctx.process_set = process_set
-        return mpi_ops.synchronize(
-            mpi_ops._reducescatter_async(
-                [tensor], name, op, prescale, postscale, process_set, False
-            )
+        return ops.synchronize(
+            ops._reducescatter_async([tensor], name, op, prescale, postscale, process_set, False)
         )
 
     @staticmethod
     def backward(ctx: Any, grad):  # type: ignore[override]
-        gathered = mpi_ops.allgather(grad.contiguous(), process_set=ctx.process_set)
+        gathered = allgather(grad.contiguous(), process_set=ctx.process_set)
         if ctx.op == Sum:
             gathered = gathered * len(ctx.process_set.ranks)
         return gathered, None, None, None, None, None
@@ -170,8 +168,8 @@ class HorovodGroupedReducescatter(Function):
         ctx.op = op
         ctx.process_set = process_set
         return tuple(
-            mpi_ops.synchronize(
-                mpi_ops._reducescatter_async(
+            ops.synchronize(
+                ops._reducescatter_async(
                     list(tensors), name, op, prescale, postscale, process_set, True
                 )
             )
@@ -179,9 +177,115 @@ class HorovodGroupedReducescatter(Function):
 
     @staticmethod
     def backward(ctx: Any, *grads):  # type: ignore[override]
-        gathered = mpi_ops.grouped_allgather(
-            [g.contiguous() for g in grads], process_set=ctx.process_set
-        )
+        gathered = grouped_allgather([g.contiguous() for g in grads], process_set=ctx.process_set)
         if ctx.op == Sum:
             gathered = [g * len(ctx.process_set.ranks) for g in gathered]
         return (None, None, None, None, None, *gathered)
+
+
+# ----- the differentiable collectives (hvd.allreduce & co.) ---------------------------------------
+def allreduce(
+    tensor: torch.Tensor,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Reduce `tensor` over the ranks (Average by default); differentiable."""
+    op = _resolve_op(average, op)
+    compressed, ctx = compression.compress(tensor)
+    reduced = HorovodAllreduce.apply(
+        compressed, name, op, prescale_factor, postscale_factor, process_set
+    )
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(
+    tensors: Tensors,
+    average: bool | None = None,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Reduce a list of tensors in one fused operation; differentiable."""
+    op = _resolve_op(average, op)
+    pairs = [compression.compress(t) for t in tensors]
+    reduced = HorovodGroupedAllreduce.apply(
+        name, op, prescale_factor, postscale_factor, process_set, *[p[0] for p in pairs]
+    )
+    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, pairs, strict=True)]
+
+
+def allgather(
+    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> torch.Tensor:
+    """Concatenate every rank's `tensor` on dim 0; differentiable."""
+    return HorovodAllgather.apply(tensor, name, process_set)
+
+
+def grouped_allgather(
+    tensors: Tensors, name: str | None = None, process_set: ProcessSet = global_process_set
+) -> list[torch.Tensor]:
+    """Allgather a list of tensors in one fused operation; differentiable."""
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
+
+
+def broadcast(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """The root's tensor on every rank; differentiable."""
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
+
+
+def alltoall(
+    tensor: torch.Tensor,
+    splits: torch.Tensor | None = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """Scatter rows to every rank and gather theirs: the output, plus received splits if given."""
+    output, received = HorovodAlltoall.apply(tensor, splits, name, process_set)
+    return output if splits is None else (output, received)
+
+
+def reducescatter(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> torch.Tensor:
+    """Reduce over the ranks and keep this rank's block of rows; differentiable."""
+    compressed, ctx = compression.compress(tensor)
+    out = HorovodReducescatter.apply(
+        compressed, name, op, prescale_factor, postscale_factor, process_set
+    )
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(
+    tensors: Tensors,
+    name: str | None = None,
+    compression: type[Compressor] = Compression.none,
+    op: int = Average,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+) -> list[torch.Tensor]:
+    """Reducescatter a list of tensors as one operation; differentiable."""
+    pairs = [compression.compress(t) for t in tensors]
+    outs = HorovodGroupedReducescatter.apply(
+        name, op, prescale_factor, postscale_factor, process_set, *[p[0] for p in pairs]
+    )
+    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(outs, pairs, strict=True)]

@@ -178,3 +178,11 @@ def _wait_for(events: queue.Queue, match, timeout: float = 60.0):
         if message and match(message):
             return message
     raise AssertionError("the expected event never came")
+
+
+def test_mirrored_strategy_runner_across_executors(spark):
+    pytest.importorskip("tensorflow")
+    from hora.spark import MirroredStrategyRunner
+    from tests.spark._tf_jobs import EXPECTED, train
+
+    assert MirroredStrategyRunner(num_slots=2, use_gpu=False).run(train, scale=2.0) == EXPECTED

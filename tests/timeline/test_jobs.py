@@ -30,7 +30,7 @@ def _no_timeline_vars(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def engine_marks_cycles() -> bool:
-    from hora.torch import _engine
+    from hora.collectives import _engine
 
     return ".cycle()" in inspect.getsource(_engine)
 

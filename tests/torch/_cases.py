@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 import hora.torch as hvd
-from hora.torch import _execute, _state
+from hora.collectives import _execute, _state
 
 CASES: dict[str, Callable[[int, int], None]] = {}
 
@@ -110,7 +110,7 @@ def allreduce_path(r: int, n: int) -> None:
 @case
 def allreduce_large_and_identical(r: int, n: int) -> None:
     """Larger than a shared-memory slot (chunked), odd-sized, and bitwise equal on every rank."""
-    from hora.torch import _shm
+    from hora.collectives import _shm
 
     count = 2 * _shm.SLOT_BYTES // 8 + 1234  # float64: two full chunks and a ragged one
 
@@ -416,7 +416,7 @@ def fusion_buffer_in_place(r: int, n: int) -> None:
     """In-place fused allreduces go through one persistent buffer and views made once per
     layout: repeated and changing layouts, mixed dtypes and shapes stay exact, and an earlier
     out-of-place result (a view of a fresh buffer) is not touched by later batches."""
-    from hora.torch import _state
+    from hora.collectives import _state
 
     total = float(sum(range(n)))
     kept = hvd.grouped_allreduce([torch.full((8,), float(r)) for _ in range(3)], op=hvd.Sum)

@@ -12,7 +12,7 @@ import torch
 
 import hora.torch as hvd
 from hora import _logs
-from hora.torch import _channel
+from hora.collectives import _channel
 
 
 class Touch:

@@ -13,9 +13,9 @@ import pytest
 
 import hora
 from hora._channel import AuthenticationFailed, Connection
-from hora.torch import _channel
-from hora.torch._engine import Shutdown
-from hora.torch._negotiation import Bucket, CacheDrop, Entry, Failure, JoinDone, Request
+from hora.collectives import _channel
+from hora.collectives._engine import Shutdown
+from hora.collectives._negotiation import Bucket, CacheDrop, Entry, Failure, JoinDone, Request
 from tests.torch import _security_cases
 from tests.torch._security_cases import Touch, evil_frame
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from hora.torch._common import Max, Sum
-from hora.torch._negotiation import (
+from hora.collectives._common import Max, Sum
+from hora.collectives._negotiation import (
     ALLGATHER,
     ALLREDUCE,
     BROADCAST,

@@ -8,8 +8,8 @@ import math
 import pickle
 
 import hora
-from hora.torch import _channel
-from hora.torch._negotiation import (
+from hora.collectives import _channel
+from hora.collectives._negotiation import (
     ALLGATHER,
     ALLREDUCE,
     Bucket,
@@ -116,7 +116,7 @@ def _batches_job() -> dict[str, object]:
     import torch
 
     import hora.torch as hvd
-    from hora.torch import _execute, _state
+    from hora.collectives import _execute, _state
 
     hvd.init()
     r, n = hvd.rank(), hvd.size()

@@ -8,7 +8,14 @@ import os
 import pytest
 
 import hora
-from hora.torch._negotiation import ALLREDUCE, Bucket, CacheDrop, Coordinator, Failure, Request
+from hora.collectives._negotiation import (
+    ALLREDUCE,
+    Bucket,
+    CacheDrop,
+    Coordinator,
+    Failure,
+    Request,
+)
 
 
 def req(name: str, shape=(4,), **kw) -> Request:
@@ -82,7 +89,7 @@ def _ranks_job() -> dict[str, object]:
     import torch
 
     import hora.torch as hvd
-    from hora.torch import _state
+    from hora.collectives import _state
 
     hvd.init()
     r, n = hvd.rank(), hvd.size()

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import hora
+from hora.collectives._negotiation import ALLREDUCE, Coordinator, Request
+from hora.collectives._stall import MAX_NAMES, StallInspector, StallSettings
 from hora.errors import RunTimeoutError, WorkerFailedError
-from hora.torch._negotiation import ALLREDUCE, Coordinator, Request
-from hora.torch._stall import MAX_NAMES, StallInspector, StallSettings
 from tests.torch import _stall_cases
 
 REPO = Path(__file__).resolve().parents[2]

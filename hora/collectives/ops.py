@@ -1,8 +1,8 @@
-"""Horovod's collectives (`horovod.torch.mpi_ops`): sync, async, in-place and grouped forms.
+"""Horovod's collectives, framework-neutral: the async, in-place and grouped forms.
 
 Every call builds a request (name, shapes, dtypes, op) and hands it to the background engine,
-which negotiates it by name with the other ranks; the sync forms are `synchronize(*_async(...))`,
-wrapped in autograd functions where Horovod makes them differentiable.
+which negotiates it by name with the other ranks; the sync forms are `synchronize(*_async(...))`.
+The differentiable forms are the frameworks' (hora.torch._autograd, hora.tensorflow).
 """
 
 from __future__ import annotations
@@ -13,30 +13,8 @@ from typing import Any
 
 import torch
 
-from hora.torch import _state
-from hora.torch._basics import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-)
-from hora.torch._common import (
+from hora.collectives import _state
+from hora.collectives._common import (
     OP_NAMES,
     Adasum,
     Average,
@@ -46,10 +24,10 @@ from hora.torch._common import (
     Product,
     Sum,
 )
-from hora.torch._dtypes import dtype_name
-from hora.torch._engine import Op
-from hora.torch._execute import GroupInfo, LocalOp
-from hora.torch._negotiation import (
+from hora.collectives._dtypes import dtype_name
+from hora.collectives._engine import Op
+from hora.collectives._execute import GroupInfo, LocalOp
+from hora.collectives._negotiation import (
     ALLGATHER,
     ALLREDUCE,
     ALLTOALL,
@@ -58,13 +36,7 @@ from hora.torch._negotiation import (
     REDUCESCATTER,
     Request,
 )
-from hora.torch._process_sets import (
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
-from hora.torch.compression import Compression, Compressor
+from hora.collectives._process_sets import ProcessSet, global_process_set
 
 Tensors = Sequence[torch.Tensor]
 
@@ -242,27 +214,6 @@ def allreduce_async_(
     )
 
 
-def allreduce(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Reduce `tensor` over the ranks (Average by default); differentiable."""
-    from hora.torch._autograd import HorovodAllreduce
-
-    op = _resolve_op(average, op)
-    compressed, ctx = compression.compress(tensor)
-    reduced = HorovodAllreduce.apply(
-        compressed, name, op, prescale_factor, postscale_factor, process_set
-    )
-    return compression.decompress(reduced, ctx)
-
-
 def allreduce_(
     tensor: torch.Tensor,
     average: bool | None = None,
@@ -311,27 +262,6 @@ def grouped_allreduce_async_(
     )
 
 
-def grouped_allreduce(
-    tensors: Tensors,
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> list[torch.Tensor]:
-    """Reduce a list of tensors in one fused operation; differentiable."""
-    from hora.torch._autograd import HorovodGroupedAllreduce
-
-    op = _resolve_op(average, op)
-    pairs = [compression.compress(t) for t in tensors]
-    reduced = HorovodGroupedAllreduce.apply(
-        name, op, prescale_factor, postscale_factor, process_set, *[p[0] for p in pairs]
-    )
-    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, pairs, strict=True)]
-
-
 def grouped_allreduce_(
     tensors: Tensors,
     average: bool | None = None,
@@ -375,28 +305,10 @@ def allgather_async(
     return _allgather_async([tensor], name, process_set, False)
 
 
-def allgather(
-    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> torch.Tensor:
-    """Concatenate every rank's `tensor` on dim 0; differentiable."""
-    from hora.torch._autograd import HorovodAllgather
-
-    return HorovodAllgather.apply(tensor, name, process_set)
-
-
 def grouped_allgather_async(
     tensors: Tensors, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     return _allgather_async(list(tensors), name, process_set, True)
-
-
-def grouped_allgather(
-    tensors: Tensors, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> list[torch.Tensor]:
-    """Allgather a list of tensors in one fused operation; differentiable."""
-    from hora.torch._autograd import HorovodGroupedAllgather
-
-    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # ----- sparse allreduce ------------------------------------------------------------------------
@@ -488,18 +400,6 @@ def broadcast_async_(
     return _broadcast_async(tensor, root_rank, name, process_set, True)
 
 
-def broadcast(
-    tensor: torch.Tensor,
-    root_rank: int,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """The root's tensor on every rank; differentiable."""
-    from hora.torch._autograd import HorovodBroadcast
-
-    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
-
-
 def broadcast_(
     tensor: torch.Tensor,
     root_rank: int,
@@ -571,19 +471,6 @@ def alltoall_async(
     return _alltoall_async(tensor, splits, name, process_set, splits is not None)
 
 
-def alltoall(
-    tensor: torch.Tensor,
-    splits: torch.Tensor | None = None,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> Any:
-    """Scatter rows to every rank and gather theirs: the output, plus received splits if given."""
-    from hora.torch._autograd import HorovodAlltoall
-
-    output, received = HorovodAlltoall.apply(tensor, splits, name, process_set)
-    return output if splits is None else (output, received)
-
-
 # ----- reducescatter ---------------------------------------------------------------------------
 def _reducescatter_async(
     tensors: Tensors,
@@ -629,25 +516,6 @@ def reducescatter_async(
     )
 
 
-def reducescatter(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int = Average,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Reduce over the ranks and keep this rank's block of rows; differentiable."""
-    from hora.torch._autograd import HorovodReducescatter
-
-    compressed, ctx = compression.compress(tensor)
-    out = HorovodReducescatter.apply(
-        compressed, name, op, prescale_factor, postscale_factor, process_set
-    )
-    return compression.decompress(out, ctx)
-
-
 def grouped_reducescatter_async(
     tensors: Tensors,
     name: str | None = None,
@@ -659,25 +527,6 @@ def grouped_reducescatter_async(
     return _reducescatter_async(
         list(tensors), name, op, prescale_factor, postscale_factor, process_set, True
     )
-
-
-def grouped_reducescatter(
-    tensors: Tensors,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: int = Average,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> list[torch.Tensor]:
-    """Reducescatter a list of tensors as one operation; differentiable."""
-    from hora.torch._autograd import HorovodGroupedReducescatter
-
-    pairs = [compression.compress(t) for t in tensors]
-    outs = HorovodGroupedReducescatter.apply(
-        name, op, prescale_factor, postscale_factor, process_set, *[p[0] for p in pairs]
-    )
-    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(outs, pairs, strict=True)]
 
 
 # ----- synchronisation -------------------------------------------------------------------------
@@ -720,54 +569,24 @@ __all__ = [
     "ProcessSet",
     "Product",
     "Sum",
-    "add_process_set",
-    "allgather",
     "allgather_async",
-    "allreduce",
     "allreduce_",
     "allreduce_async",
     "allreduce_async_",
-    "alltoall",
     "alltoall_async",
     "barrier",
-    "broadcast",
     "broadcast_",
     "broadcast_async",
     "broadcast_async_",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
     "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
-    "grouped_allgather",
     "grouped_allgather_async",
-    "grouped_allreduce",
     "grouped_allreduce_",
     "grouped_allreduce_async",
     "grouped_allreduce_async_",
-    "grouped_reducescatter",
     "grouped_reducescatter_async",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
     "join",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
     "poll",
-    "rank",
-    "reducescatter",
     "reducescatter_async",
-    "remove_process_set",
-    "rocm_built",
-    "shutdown",
-    "size",
     "sparse_allreduce_async",
     "synchronize",
 ]

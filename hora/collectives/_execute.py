@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from hora.torch import _timeline_hooks as _th
-from hora.torch._common import Average, Max, Min, Product, Sum
-from hora.torch._dtypes import as_bytes, cast_back_, dtype_from_name, reduce_dtype, scale_
-from hora.torch._negotiation import (
+from hora.collectives import _timeline_hooks as _th
+from hora.collectives._common import Average, Max, Min, Product, Sum
+from hora.collectives._dtypes import as_bytes, cast_back_, dtype_from_name, reduce_dtype, scale_
+from hora.collectives._negotiation import (
     ALLGATHER,
     ALLREDUCE,
     ALLTOALL,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
-from hora.torch._common import OP_NAMES, Average, Sum
+from hora.collectives._common import OP_NAMES, Average, Sum
 
 ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"

@@ -19,14 +19,21 @@ import torch
 import torch.distributed as dist
 
 from hora import _logs
+from hora.collectives import _channel, _shm, _state
+from hora.collectives._common import NOT_INITIALIZED
+from hora.collectives._engine import Engine, EngineConfig
+from hora.collectives._execute import GroupInfo
+from hora.collectives._process_sets import (
+    ProcessSet,
+    destroy_groups,
+    global_process_set,
+    make_groups,
+    register,
+)
+from hora.collectives._stall import StallSettings
+from hora.collectives.ops import barrier
 from hora.environment import placements, read_int
 from hora.timeline import _control as _timeline
-from hora.torch import _channel, _shm, _state
-from hora.torch._common import NOT_INITIALIZED
-from hora.torch._engine import Engine, EngineConfig
-from hora.torch._execute import GroupInfo
-from hora.torch._process_sets import ProcessSet, destroy_groups, global_process_set, register
-from hora.torch._stall import StallSettings
 
 _atexit_registered = False
 _created_default_group = False
@@ -147,8 +154,6 @@ def init(
 
 def make_world(rank: int, size: int, wait: timedelta) -> GroupInfo:
     """hora's own groups over the world: never the user's default group (its order is theirs)."""
-    from hora.torch._process_sets import make_groups
-
     if size == 1:
         return GroupInfo(ranks=(0,), index=0)
     return make_groups(list(range(size)), rank, wait)
@@ -246,9 +251,36 @@ def _negotiation_key(mode: str, store: Any, store_key: str) -> bytes:
 
 def barrier_all() -> None:
     """A barrier through the engine (so it is ordered after any control message)."""
-    from hora.torch.mpi_ops import barrier
-
     barrier()
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a new process set at run time (dynamic mode); every rank must call it."""
+    state = _state.get()
+    if not state.dynamic:
+        raise ValueError(
+            "Dynamic process sets are not enabled: call hvd.init(process_sets='dynamic') "
+            "or set HOROVOD_DYNAMIC_PROCESS_SETS=1"
+        )
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    register(ps, timeout())
+    barrier_all()  # every rank's coordinator knows the set before anyone uses it
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Unregister a process set (every rank calls it); False if it was not registered."""
+    state = _state.get()
+    ps_id = process_set.process_set_id
+    if ps_id is None or ps_id == 0 or state.process_sets.get(ps_id) is not process_set:
+        return False
+    barrier_all()  # nobody still has an operation of the set in flight
+    info = state.groups.pop(ps_id)
+    del state.process_sets[ps_id]
+    state.engine.control(("P", ps_id, None))
+    destroy_groups(info)
+    process_set.process_set_id = None
+    return True
 
 
 def shutdown() -> None:
@@ -366,6 +398,7 @@ def rocm_built() -> bool:
 
 __all__ = [
     "NOT_INITIALIZED",
+    "add_process_set",
     "ccl_built",
     "cross_rank",
     "cross_size",
@@ -383,6 +416,7 @@ __all__ = [
     "mpi_threads_supported",
     "nccl_built",
     "rank",
+    "remove_process_set",
     "rocm_built",
     "shutdown",
     "size",

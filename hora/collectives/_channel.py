@@ -7,9 +7,9 @@ peer closes its socket, which every survivor sees at once (no idle polling is ne
 Security: rank 0 listens on a TCP port, so anything that can reach it could otherwise feed it a
 pickle. Every socket of the star is therefore authenticated both ways (the HMAC-SHA256
 challenge-response of `hora._channel`, with a key every rank of this world holds, see
-`hora.torch._basics._negotiation_key`) before a single frame is unpickled; a peer that fails is
-closed unread. Frames are then unpickled by a restricted unpickler that resolves only the engine's
-own message classes (defence in depth). The channel authenticates; it does not encrypt.
+`hora.collectives._basics._negotiation_key`) before a single frame is unpickled; a peer that
+fails is closed unread. Frames are then unpickled by a restricted unpickler that resolves only the
+engine's own message classes (defence in depth). The channel authenticates; it does not encrypt.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # a frame is built from pickle's own opcodes (str, int, float, tuple, list, dict, None, bool).
 _ALLOWED_CLASSES = frozenset(
     {
-        ("hora.torch._negotiation", "Request"),
-        ("hora.torch._negotiation", "Entry"),
-        ("hora.torch._negotiation", "Bucket"),
-        ("hora.torch._negotiation", "Failure"),
-        ("hora.torch._negotiation", "JoinDone"),
-        ("hora.torch._negotiation", "CacheDrop"),
-        ("hora.torch._engine", "Shutdown"),
+        ("hora.collectives._negotiation", "Request"),
+        ("hora.collectives._negotiation", "Entry"),
+        ("hora.collectives._negotiation", "Bucket"),
+        ("hora.collectives._negotiation", "Failure"),
+        ("hora.collectives._negotiation", "JoinDone"),
+        ("hora.collectives._negotiation", "CacheDrop"),
+        ("hora.collectives._engine", "Shutdown"),
     }
 )
 

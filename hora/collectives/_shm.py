@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from hora._channel import Connection
-from hora.torch._common import Average, Max, Min, Product, Sum
+from hora.collectives._common import Average, Max, Min, Product, Sum
 
 SLOT_BYTES = 4 << 20  # per rank and half: 2 ranks map 16 MB in all
 MESH_TIMEOUT_S = 10.0  # for connecting: every rank is alive (they just met in a gloo collective)

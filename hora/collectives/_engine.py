@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from hora.torch import _channel
-from hora.torch import _timeline_hooks as _th
-from hora.torch._common import SHUT_DOWN, HorovodInternalError
-from hora.torch._execute import GroupInfo, LocalOp, run_bucket
-from hora.torch._negotiation import (
+from hora.collectives import _channel
+from hora.collectives import _timeline_hooks as _th
+from hora.collectives._common import SHUT_DOWN, HorovodInternalError
+from hora.collectives._execute import GroupInfo, LocalOp, run_bucket
+from hora.collectives._negotiation import (
     Bucket,
     CacheDrop,
     Coordinator,
@@ -35,7 +35,7 @@ from hora.torch._negotiation import (
     Response,
     expand,
 )
-from hora.torch._stall import StallInspector, StallSettings
+from hora.collectives._stall import StallInspector, StallSettings
 
 log = logging.getLogger("hora.torch")
 

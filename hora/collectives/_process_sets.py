@@ -9,8 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hora.torch import _state
-from hora.torch._execute import GroupInfo
+from hora.collectives import _state
+from hora.collectives._execute import GroupInfo
 
 
 class ProcessSet:
@@ -99,36 +99,3 @@ def register(process_set: ProcessSet, timeout: timedelta) -> ProcessSet:
     process_set.process_set_id = ps_id
     state.process_sets[ps_id] = process_set
     return process_set
-
-
-def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
-    """Register a new process set at run time (dynamic mode); every rank must call it."""
-    from hora.torch import _basics  # late: _basics imports this module
-
-    state = _state.get()
-    if not state.dynamic:
-        raise ValueError(
-            "Dynamic process sets are not enabled: call hvd.init(process_sets='dynamic') "
-            "or set HOROVOD_DYNAMIC_PROCESS_SETS=1"
-        )
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    register(ps, _basics.timeout())
-    _basics.barrier_all()  # every rank's coordinator knows the set before anyone uses it
-    return ps
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Unregister a process set (every rank calls it); False if it was not registered."""
-    from hora.torch import _basics
-
-    state = _state.get()
-    ps_id = process_set.process_set_id
-    if ps_id is None or ps_id == 0 or state.process_sets.get(ps_id) is not process_set:
-        return False
-    _basics.barrier_all()  # nobody still has an operation of the set in flight
-    info = state.groups.pop(ps_id)
-    del state.process_sets[ps_id]
-    state.engine.control(("P", ps_id, None))
-    destroy_groups(info)
-    process_set.process_set_id = None
-    return True

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from hora import _logs
+from hora.collectives._negotiation import Coordinator
 from hora.job.protocol import Stall
-from hora.torch._negotiation import Coordinator
 
 log = logging.getLogger("hora.torch")
 

@@ -1,4 +1,4 @@
-"""Constants and errors shared by every module of hora.torch."""
+"""Constants and errors shared by every module of hora.collectives and its framework APIs."""
 
 from __future__ import annotations
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hora.torch._common import NOT_INITIALIZED
+from hora.collectives._common import NOT_INITIALIZED
 
 if TYPE_CHECKING:
-    from hora.torch._engine import Engine
-    from hora.torch._execute import GroupInfo
+    from hora.collectives._engine import Engine
+    from hora.collectives._execute import GroupInfo
 
 
 @dataclass

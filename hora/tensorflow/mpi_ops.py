@@ -1,0 +1,460 @@
+"""Horovod's TensorFlow collectives (`horovod.tensorflow`), with Horovod's TF gradients.
+
+Each op hands TF data to the shared engine (`hora.collectives`) through `_bridge` and is
+differentiable through `tf.custom_gradient`: allreduce -> allreduce of the gradient (same op and
+scale factors); allgather -> Sum allreduce, this rank's rows; broadcast -> Sum allreduce, zero
+off the root; alltoall -> alltoall back with the received splits; reducescatter -> allgather
+(times the set size for Sum, as hora.torch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+import torch
+
+from hora.collectives import ops as _ops
+from hora.collectives._basics import rank
+from hora.collectives._common import Adasum, Average, Sum
+from hora.collectives._negotiation import (
+    ALLGATHER,
+    ALLREDUCE,
+    ALLTOALL,
+    BROADCAST,
+    REDUCESCATTER,
+)
+from hora.collectives._process_sets import ProcessSet, global_process_set
+from hora.tensorflow import _bridge
+from hora.tensorflow.compression import Compression, Compressor
+
+__all__ = [
+    "allgather",
+    "allreduce",
+    "alltoall",
+    "broadcast",
+    "grouped_allgather",
+    "grouped_allreduce",
+    "grouped_reducescatter",
+    "reducescatter",
+]
+
+
+def _name(name: str | None, kind: str, ignore_name_scope: bool) -> str | None:
+    """The engine's key for this op: the caller's name (under its name scope unless
+    `ignore_name_scope`), else a trace-time name inside a graph, else the engine's eager count."""
+    if name is None:
+        return None if tf.executing_eagerly() else _bridge.graph_name(kind)
+    scope = "" if ignore_name_scope else tf.get_current_name_scope()
+    return f"{scope}/{name}" if scope else name
+
+
+def _traced(name: str | None, kind: str) -> str | None:
+    """Inside a graph every op gets a trace-time name (also a gradient's): the same every step,
+    so the engine's response cache knows it."""
+    if name is None and not tf.executing_eagerly():
+        return _bridge.graph_name(kind)
+    return name
+
+
+def _set_size(process_set: ProcessSet) -> int:
+    _ops._group(process_set)  # a clear error for a set this rank cannot use
+    return len(process_set.ranks)
+
+
+def _rest(shape: tf.TensorShape) -> tf.TensorShape:
+    """The shape of a result whose dim 0 depends on the other ranks."""
+    return tf.TensorShape([None]).concatenate(shape[1:]) if shape.rank else shape
+
+
+# ----- allreduce -------------------------------------------------------------------------------
+def _allreduce_raw(
+    tensors: list[tf.Tensor],
+    name: str | None,
+    op: int,
+    prescale: float,
+    postscale: float,
+    process_set: ProcessSet,
+) -> list[tf.Tensor]:
+    name = _traced(name, ALLREDUCE)
+
+    def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        handle = _ops._allreduce_async(ts, name, op, prescale, postscale, process_set, False, True)
+        return _ops.synchronize(handle)
+
+    return _bridge.run(
+        call, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HorovodAllreduce"
+    )
+
+
+def _allreduce_diff(
+    tensors: list[tf.Tensor],
+    name: str | None,
+    op: int,
+    prescale: float,
+    postscale: float,
+    process_set: ProcessSet,
+) -> list[tf.Tensor]:
+    @tf.custom_gradient
+    def forward(*xs: tf.Tensor) -> Any:
+        ys = _allreduce_raw(list(xs), name, op, prescale, postscale, process_set)
+
+        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
+            grad_name = None if name is None else f"{name}.grad"
+            return _allreduce_diff(list(dys), grad_name, op, prescale, postscale, process_set)
+
+        return ys, grad
+
+    out = forward(*tensors)
+    return list(out) if isinstance(out, list | tuple) else [out]
+
+
+def _resolve_op(average: bool | None, op: int | None) -> int:
+    return _ops._resolve_op(average, op)
+
+
+def _sparse_allreduce(
+    slices: tf.IndexedSlices, name: str | None, op: int, process_set: ProcessSet
+) -> tf.IndexedSlices:
+    """Horovod's IndexedSlices reduction: gather the values and the indices (only the touched
+    rows travel); Average divides the values by the set size."""
+    if op not in (Average, Sum):
+        raise NotImplementedError("IndexedSlices allreduce supports only op=Average and op=Sum")
+    values = allgather(
+        slices.values, name=None if name is None else f"{name}.values", process_set=process_set
+    )
+    indices = allgather(
+        slices.indices, name=None if name is None else f"{name}.indices", process_set=process_set
+    )
+    if op == Average:
+        values = values / tf.cast(_set_size(process_set), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+def allreduce(
+    tensor: Any,
+    average: bool | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: type[Compressor] = Compression.none,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+    ignore_name_scope: bool = False,
+) -> Any:
+    """Reduce `tensor` over the ranks (Average by default); differentiable. IndexedSlices are
+    gathered, as in Horovod. `device_dense`/`device_sparse` are accepted and ignored (the
+    engine moves the data)."""
+    del device_dense, device_sparse
+    op = _resolve_op(average, op)
+    if isinstance(tensor, tf.IndexedSlices):
+        return _sparse_allreduce(tensor, name, op, process_set)
+    tensor = tf.convert_to_tensor(tensor)
+    key = _name(name, ALLREDUCE, ignore_name_scope)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _allreduce_diff(
+        [compressed], key, op, float(prescale_factor), float(postscale_factor), process_set
+    )[0]
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(
+    tensors: Sequence[Any],
+    average: bool | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: type[Compressor] = Compression.none,
+    op: int | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    process_set: ProcessSet = global_process_set,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+) -> list[Any]:
+    """Reduce a list of tensors as one fused operation; differentiable."""
+    del device_dense, device_sparse
+    op = _resolve_op(average, op)
+    if not tensors:
+        return []
+    if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        return [
+            allreduce(
+                t,
+                op=op,
+                compression=compression,
+                prescale_factor=prescale_factor,
+                postscale_factor=postscale_factor,
+                process_set=process_set,
+            )
+            for t in tensors
+        ]
+    key = _name(name, ALLREDUCE, ignore_name_scope)
+    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    reduced = _allreduce_diff(
+        [p[0] for p in pairs],
+        key,
+        op,
+        float(prescale_factor),
+        float(postscale_factor),
+        process_set,
+    )
+    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, pairs, strict=True)]
+
+
+# ----- allgather -------------------------------------------------------------------------------
+def _allgather_raw(
+    tensors: list[tf.Tensor], name: str | None, process_set: ProcessSet
+) -> list[tf.Tensor]:
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise ValueError("allgather needs tensors of at least one dimension")
+    name = _traced(name, ALLGATHER)
+
+    def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        return _ops.synchronize(_ops._allgather_async(ts, name, process_set, True))
+
+    return _bridge.run(
+        call,
+        tensors,
+        [t.dtype for t in tensors],
+        [_rest(t.shape) for t in tensors],
+        "HorovodAllgather",
+    )
+
+
+def _my_rows(grad: tf.Tensor, x: tf.Tensor, process_set: ProcessSet) -> tf.Tensor:
+    """This rank's rows of an allgather's gradient (rows per rank are gathered first)."""
+    counts = _allgather_raw(
+        [tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1])], None, process_set
+    )[0]
+    index = process_set.ranks.index(rank())
+    start = tf.reduce_sum(counts[:index])
+    return grad[start : start + counts[index]]
+
+
+def _allgather_diff(
+    tensors: list[tf.Tensor], name: str | None, process_set: ProcessSet
+) -> list[tf.Tensor]:
+    @tf.custom_gradient
+    def forward(*xs: tf.Tensor) -> Any:
+        ys = _allgather_raw(list(xs), name, process_set)
+
+        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
+            summed = _allreduce_diff(list(dys), None, Sum, 1.0, 1.0, process_set)
+            return [_my_rows(g, x, process_set) for g, x in zip(summed, xs, strict=True)]
+
+        return ys, grad
+
+    out = forward(*tensors)
+    return list(out) if isinstance(out, list | tuple) else [out]
+
+
+def allgather(
+    tensor: Any,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor:
+    """Concatenate every rank's `tensor` on dim 0 (which may differ); differentiable."""
+    tensor = tf.convert_to_tensor(tensor)
+    return _allgather_diff([tensor], _name(name, ALLGATHER, ignore_name_scope), process_set)[0]
+
+
+def grouped_allgather(
+    tensors: Sequence[Any],
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> list[tf.Tensor]:
+    """Allgather a list of tensors as one operation; differentiable."""
+    if not tensors:
+        return []
+    ts = [tf.convert_to_tensor(t) for t in tensors]
+    return _allgather_diff(ts, _name(name, ALLGATHER, ignore_name_scope), process_set)
+
+
+# ----- broadcast -------------------------------------------------------------------------------
+def _broadcast_raw(
+    tensor: tf.Tensor, root_rank: int, name: str | None, process_set: ProcessSet
+) -> tf.Tensor:
+    name = _traced(name, BROADCAST)
+
+    def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [_ops.synchronize(_ops._broadcast_async(ts[0], root_rank, name, process_set, False))]
+
+    return _bridge.run(call, [tensor], [tensor.dtype], [tensor.shape], "HorovodBroadcast")[0]
+
+
+def broadcast(
+    tensor: Any,
+    root_rank: int,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> tf.Tensor:
+    """`root_rank`'s tensor on every rank; differentiable."""
+    tensor = tf.convert_to_tensor(tensor)
+    key = _name(name, BROADCAST, ignore_name_scope)
+    root = int(root_rank)
+
+    @tf.custom_gradient
+    def forward(x: tf.Tensor) -> Any:
+        y = _broadcast_raw(x, root, key, process_set)
+
+        def grad(dy: tf.Tensor) -> tf.Tensor:
+            summed = _allreduce_diff([dy], None, Sum, 1.0, 1.0, process_set)[0]
+            return summed if rank() == root else summed * 0
+
+        return y, grad
+
+    return forward(tensor)
+
+
+# ----- alltoall --------------------------------------------------------------------------------
+def alltoall(
+    tensor: Any,
+    splits: Any = None,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """Rows `splits[i]` go to rank i of the set (an even split when None); returns the
+    gathered rows, plus the received splits when `splits` is given; differentiable."""
+    tensor = tf.convert_to_tensor(tensor)
+    if tensor.shape.rank == 0:
+        raise ValueError("alltoall needs a tensor of at least one dimension")
+    key = _name(name, ALLTOALL, ignore_name_scope)
+    n = _set_size(process_set)
+    split_tensor = None if splits is None else tf.convert_to_tensor(splits, dtype=tf.int32)
+
+    @tf.custom_gradient
+    def forward(x: tf.Tensor) -> Any:
+        output, received = _alltoall_raw(x, split_tensor, key, process_set, n)
+
+        def grad(dy: tf.Tensor, _: Any = None) -> tf.Tensor:
+            back, _sent = _alltoall_raw(dy, received, None, process_set, n)
+            return back
+
+        return (output, received), grad
+
+    output, received = forward(tensor)
+    return output if splits is None else (output, received)
+
+
+def _alltoall_raw(
+    tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None, process_set: ProcessSet, n: int
+) -> tuple[tf.Tensor, tf.Tensor]:
+    name = _traced(name, ALLTOALL)
+
+    def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        given = ts[1] if len(ts) > 1 else None
+        out, received = _ops.synchronize(
+            _ops._alltoall_async(ts[0], given, name, process_set, True)
+        )
+        return [out, torch.as_tensor(received, dtype=torch.int32)]
+
+    inputs = [tensor] if splits is None else [tensor, splits]
+    out, received = _bridge.run(
+        call,
+        inputs,
+        [tensor.dtype, tf.int32],
+        [_rest(tensor.shape), tf.TensorShape([n])],
+        "HorovodAlltoall",
+    )
+    return out, received
+
+
+# ----- reducescatter ---------------------------------------------------------------------------
+def _reducescatter_diff(
+    tensors: list[tf.Tensor],
+    name: str | None,
+    op: int,
+    prescale: float,
+    postscale: float,
+    process_set: ProcessSet,
+) -> list[tf.Tensor]:
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not implemented in hora.tensorflow")
+    if op not in (Average, Sum):
+        raise ValueError("reducescatter supports only op=Average and op=Sum")
+    for t in tensors:
+        if t.shape.rank == 0:
+            raise ValueError("reducescatter needs tensors of at least one dimension")
+    n = _set_size(process_set)
+    name = _traced(name, REDUCESCATTER)
+
+    def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        return _ops.synchronize(
+            _ops._reducescatter_async(ts, name, op, prescale, postscale, process_set, True)
+        )
+
+    @tf.custom_gradient
+    def forward(*xs: tf.Tensor) -> Any:
+        ys = _bridge.run(
+            call,
+            list(xs),
+            [t.dtype for t in xs],
+            [_rest(t.shape) for t in xs],
+            "HorovodReducescatter",
+        )
+
+        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
+            gathered = _allgather_diff(list(dys), None, process_set)
+            return [g * n if op == Sum else g for g in gathered]
+
+        return ys, grad
+
+    out = forward(*tensors)
+    return list(out) if isinstance(out, list | tuple) else [out]
+
+
+def reducescatter(
+    tensor: Any,
+    device_dense: str = "",
+    compression: type[Compressor] = Compression.none,
+    op: int = Average,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+    ignore_name_scope: bool = False,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+) -> tf.Tensor:
+    """Reduce over the ranks, then rank i keeps the i-th block of rows; differentiable."""
+    del device_dense
+    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
+    key = _name(name, REDUCESCATTER, ignore_name_scope)
+    out = _reducescatter_diff(
+        [compressed], key, op, float(prescale_factor), float(postscale_factor), process_set
+    )[0]
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter(
+    tensors: Sequence[Any],
+    device_dense: str = "",
+    compression: type[Compressor] = Compression.none,
+    op: int = Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    name: str | None = None,
+    ignore_name_scope: bool = False,
+) -> list[tf.Tensor]:
+    """Reducescatter a list of tensors as one operation; differentiable."""
+    del device_dense
+    if not tensors:
+        return []
+    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
+    key = _name(name, REDUCESCATTER, ignore_name_scope)
+    outs = _reducescatter_diff(
+        [p[0] for p in pairs],
+        key,
+        op,
+        float(prescale_factor),
+        float(postscale_factor),
+        process_set,
+    )
+    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(outs, pairs, strict=True)]
