@@ -42,6 +42,10 @@ log = logging.getLogger("hora.torch")
 _JOIN = "J"
 _SHUTDOWN = "S"
 DEFAULT_CACHE_CAPACITY = 1024
+# Gathering ends a cycle after the latest submission, so that a caller still issuing a batch is
+# not cut off mid-way (every extra bucket costs both ranks a round of negotiation and a barrier),
+# but at most this many cycles after the first one: a caller that never blocks is still served.
+GATHER_CYCLES = 5
 
 
 def cache_capacity() -> int:
@@ -147,11 +151,12 @@ class Engine:
         # True while the engine thread sleeps with nothing queued: only then does a submission
         # pay for a wake-up (a syscall and a GIL hand-over); a busy thread re-reads the queue.
         self._idle = False
-        # When the queue last went from empty to not empty: submissions gather for up to one
-        # cycle (HOROVOD_CYCLE_TIME) before the engine takes them, so that a caller issuing many
-        # operations is not interrupted by the engine thread for each one (every hand-over of
-        # the GIL costs both threads), and they travel and fuse together.
+        # When the queue last went from empty to not empty: submissions gather for a cycle or
+        # more (HOROVOD_CYCLE_TIME, GATHER_CYCLES) before the engine takes them, so that a
+        # caller issuing many operations is not interrupted by the engine thread for each one
+        # (every hand-over of the GIL costs both threads), and they travel and fuse together.
         self._queued_since = 0.0
+        self._last_queued = 0.0  # the latest submission (see GATHER_CYCLES)
         # Set by a caller that blocks on an operation: the engine takes and sends what is queued
         # now instead of waiting out the cycle, since that caller will submit nothing more until
         # it returns.
@@ -198,8 +203,9 @@ class Engine:
                         "pending operations must be unique."
                     )
                 self._inflight[key] = op
+                self._last_queued = now = time.monotonic()
                 if not self._queue:
-                    self._queued_since = time.monotonic()
+                    self._queued_since = now
                 self._queue.append(op.request)
             handle = self._next_handle
             self._next_handle += 1
@@ -300,6 +306,11 @@ class Engine:
         except OSError:
             pass
 
+    def _due_at(self, first: float) -> float:
+        """When gathering that began at `first` ends (see GATHER_CYCLES)."""
+        cycle = self.config.cycle_time_s
+        return min(first + GATHER_CYCLES * cycle, max(first, self._last_queued) + cycle)
+
     def _take_queue(self, idle_if_empty: bool = False) -> list[Any]:
         """Take what was submitted; with `idle_if_empty`, an empty queue marks the thread idle."""
         with self._lock:
@@ -314,17 +325,15 @@ class Engine:
         with self._lock:
             if not self._queue:
                 return []
-            if not self._flush:
-                now = time.monotonic()
-                if now < self._queued_since + self.config.cycle_time_s:
-                    return []
+            if not self._flush and time.monotonic() < self._due_at(self._queued_since):
+                return []
             self._flush = False  # rank 0 takes all it holds at once: a flush is served
             items, self._queue = self._queue, []
         return items
 
     def _gather_time(self) -> float | None:
         """How long the queue may still gather before the engine takes it: 0.0 once a caller
-        blocks (flush) or the first queued item has waited a cycle; None when nothing is queued
+        blocks (flush) or the gathering is due (`_due_at`); None when nothing is queued
         (the thread is then idle: the next submission wakes it)."""
         with self._lock:
             if not self._queue:
@@ -332,7 +341,7 @@ class Engine:
                 return None
             if self._flush:
                 return 0.0
-            return max(0.0, self._queued_since + self.config.cycle_time_s - time.monotonic())
+            return max(0.0, self._due_at(self._queued_since) - time.monotonic())
 
     def _mark_idle(self) -> bool:
         """Declare the thread about to sleep; False (and stay awake) if work arrived meanwhile."""
@@ -367,16 +376,15 @@ class Engine:
         unsent: list[Any] = []
         first_unsent = 0.0
         stopping_since: float | None = None
-        cycle = self.config.cycle_time_s
         while True:
             flush, self._flush = self._flush, False  # read before the queue: none is missed
             now = time.monotonic()
             for item in self._take_queue():
-                if not self._apply_control(item):
+                if type(item) is Request or not self._apply_control(item):
                     if not unsent:
                         first_unsent = now
                     unsent.append(item)
-            if unsent and (flush or now - first_unsent >= cycle or _SHUTDOWN in unsent):
+            if unsent and (flush or now >= self._due_at(first_unsent) or _SHUTDOWN in unsent):
                 if _th.recorder.enabled:
                     _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
                 ids = self._cache_ids  # a cached request travels as its id
@@ -387,7 +395,7 @@ class Engine:
                 self._holding = False
             if stopping_since is not None and now - stopping_since > self.config.timeout_s:
                 raise ConnectionError("the coordinator did not acknowledge shutdown")
-            timeout = max(0.0, first_unsent + cycle - now) if unsent else None
+            timeout = max(0.0, self._due_at(first_unsent) - now) if unsent else None
             if stopping_since is not None:
                 timeout = 0.5
             if timeout is None and not self._mark_idle():
@@ -445,9 +453,11 @@ class Engine:
                         coord.submit(rank, item)
                 coord.ack(rank, drops_seen)
             for item in self._take_due():
-                if self._apply_control(item):
+                if type(item) is Request:
+                    coord.submit(0, item)
+                elif self._apply_control(item):
                     continue
-                if item == _SHUTDOWN:
+                elif item == _SHUTDOWN:
                     shutdown = shutdown or SHUT_DOWN
                 elif item == _JOIN:
                     coord.join(0)

@@ -103,7 +103,7 @@ def _submit(
     for t in tensors:
         dtypes.append(_dtype_name(t.dtype))
         shapes.append(tuple(t.shape))
-        nbytes += t.numel() * t.element_size()
+        nbytes += t.nbytes  # one call, not numel() * element_size()
     device = "cuda" if tensors and tensors[0].is_cuda else "cpu"
     request = Request(
         full,

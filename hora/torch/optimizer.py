@@ -37,6 +37,10 @@ __all__ = ["DistributedOptimizer"]
 # Buckets are what overlaps with backward: DDP's 25 MiB is a good trade between overlap and the
 # per-call latency; HOROVOD_FUSION_THRESHOLD, when lower, caps them (0: one tensor per call).
 _BUCKET_CAP_BYTES = 25 * 1024 * 1024
+# DDP's first bucket (`dist._DEFAULT_FIRST_BUCKET_BYTES`): the gradients ready first (the last
+# layers) travel on their own as soon as they reach 1 MiB, while backward computes the rest; a
+# model of a few large tensors would otherwise send everything in one bucket at the very end.
+_FIRST_BUCKET_CAP_BYTES = 1024 * 1024
 _DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 
 _TOO_MANY_PASSES = (
@@ -263,9 +267,10 @@ class _DistributedOptimizer:
             sent.append(tensor)
             ctxs.append(ctx)
         pre, post = self._scale_factors()
-        # The step's last bucket (or one sent by synchronize()) is waited for next: it goes to
-        # the engine with a flush, so it travels at once instead of after a gathering cycle.
-        last = len(self._pending) + 1 >= len(self._buckets)
+        # Every bucket goes to the engine with a flush, so it travels at once instead of after a
+        # gathering cycle: it is one fused operation already, and waiting would only delay its
+        # overlap with backward (and wake the engine thread twice); the step's last bucket (or
+        # one sent by synchronize()) is waited for next.
         handle = _allreduce_async(  # grouped, in place
             sent,
             f"DistributedOptimizer.{self._names[members[0][0][0]]}",
@@ -275,7 +280,7 @@ class _DistributedOptimizer:
             self.process_set,
             True,
             True,
-            flush=last,
+            flush=True,
         )
         self._pending[index] = _Pending(handle, members, sent, ctxs)
 
@@ -411,16 +416,20 @@ def _check_groups(groups: Any) -> int | list[list[torch.Tensor]] | None:
 
 
 def _size_buckets(params: list[torch.Tensor]) -> list[Bucket]:
-    """Consecutive parameters (in backward order) of one dtype and device, up to the cap."""
+    """Consecutive parameters (in backward order) of one dtype and device, up to the cap; the
+    first bucket closes once it holds 1 MiB, the tensor that reaches it included, as DDP's."""
     threshold = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _DEFAULT_FUSION_THRESHOLD))
     cap = min(threshold, _BUCKET_CAP_BYTES)
+    first_cap = min(cap, _FIRST_BUCKET_CAP_BYTES)
     buckets: list[list[torch.Tensor]] = []
     size = 0
+    closed = False  # the first bucket, once full
     for p in params:
         nbytes = p.numel() * p.element_size()
         current = buckets[-1] if buckets else None
         if (
             current is None
+            or closed
             or current[0].dtype != p.dtype
             or current[0].device != p.device
             or size + nbytes > cap
@@ -430,6 +439,7 @@ def _size_buckets(params: list[torch.Tensor]) -> list[Bucket]:
         else:
             current.append(p)
             size += nbytes
+        closed = len(buckets) == 1 and size >= first_cap
     return [tuple(b) for b in buckets]
 
 

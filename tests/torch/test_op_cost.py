@@ -111,6 +111,38 @@ def test_a_changed_request_is_not_taken_for_a_hit() -> None:
     assert drop.ids == (0,)
 
 
+def test_gathering_follows_a_caller_still_submitting_for_a_few_cycles_at_most() -> None:
+    from types import SimpleNamespace
+
+    from hora.torch._engine import GATHER_CYCLES, Engine
+
+    def due(first: float, last: float) -> float:
+        engine = SimpleNamespace(config=SimpleNamespace(cycle_time_s=1.0), _last_queued=last)
+        return Engine._due_at(engine, first)  # type: ignore[arg-type]
+
+    assert due(10.0, 10.0) == 11.0  # one submission: one cycle
+    assert due(10.0, 12.5) == 13.5  # still submitting: a cycle after the latest one
+    assert due(10.0, 100.0) == 10.0 + GATHER_CYCLES  # a caller that never blocks is still served
+    assert due(10.0, 3.0) == 11.0  # taken after the latest submission (a join): one cycle
+
+
+def test_the_first_gradient_bucket_closes_at_1_mib_as_ddps(monkeypatch) -> None:
+    import torch
+
+    from hora.torch.optimizer import _size_buckets
+
+    # in backward order: a small last layer, a 1 MiB weight, then the earlier layers
+    params = [torch.zeros(10), torch.zeros(1 << 18), torch.zeros(100), torch.zeros(5)]
+    sizes = [[p.numel() for p in b] for b in _size_buckets(params)]
+    assert sizes == [[10, 1 << 18], [100, 5]]  # the 1 MiB weight travels during backward
+    small = [torch.zeros(1000) for _ in range(300)]  # 1.2 MB, never one tensor over 1 MiB
+    assert [len(b) for b in _size_buckets(small)] == [263, 37]
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")  # one tensor per call, as before
+    assert [len(b) for b in _size_buckets(params)] == [1, 1, 1, 1]
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "8000")
+    assert [len(b) for b in _size_buckets(small)] == [2] * 150
+
+
 def _batches_job() -> dict[str, object]:
     """Runs on every rank with HOROVOD_CYCLE_TIME long: nothing is sent before a caller blocks."""
     import torch
