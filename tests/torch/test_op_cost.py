@@ -114,7 +114,7 @@ def test_a_changed_request_is_not_taken_for_a_hit() -> None:
 def test_gathering_follows_a_caller_still_submitting_for_a_few_cycles_at_most() -> None:
     from types import SimpleNamespace
 
-    from hora.torch._engine import GATHER_CYCLES, Engine
+    from hora.collectives._engine import GATHER_CYCLES, Engine
 
     def due(first: float, last: float) -> float:
         engine = SimpleNamespace(config=SimpleNamespace(cycle_time_s=1.0), _last_queued=last)
