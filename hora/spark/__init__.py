@@ -7,3 +7,7 @@ TorchDistributor`, with the same arguments and meanings, on hora's engines.
 from hora.spark._distributor import TorchDistributor as TorchDistributor
 
 __all__ = ["TorchDistributor"]
+
+from hora.spark._deepspeed import DeepspeedTorchDistributor as DeepspeedTorchDistributor
+
+__all__ += ["DeepspeedTorchDistributor"]
