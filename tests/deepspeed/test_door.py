@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install hora[deepspeed])")
 
-from hora.errors import HoraError  # noqa: E402
-from hora.spark import DeepspeedTorchDistributor  # noqa: E402
-from hora.spark._deepspeed_config import DeepspeedConfigError  # noqa: E402
-from tests.deepspeed import _ranks  # noqa: E402
+from hora.errors import HoraError
+from hora.spark import DeepspeedTorchDistributor
+from hora.spark._deepspeed_config import DeepspeedConfigError
+from tests.deepspeed import _ranks
 
 SCRIPT = _ranks.__file__
 CONFIG = {
