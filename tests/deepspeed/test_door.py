@@ -136,3 +136,18 @@ def test_spark_local2_script_and_function(tmp_path):
         _trained(_seen(out), stage=2)
     finally:
         stop_spark(spark)
+
+
+def test_op_builds_are_refused_but_built_ops_load(monkeypatch):
+    """What every hora rank installs: DeepSpeed may load a built op, never compile one."""
+    from deepspeed.accelerator import get_accelerator
+
+    from hora import _deepspeed_ops
+
+    monkeypatch.delenv(_deepspeed_ops.ALLOW_VAR, raising=False)
+    _deepspeed_ops.refuse_jit_builds()
+    adam = get_accelerator().create_op_builder("FusedAdamBuilder")
+    with pytest.raises(_deepspeed_ops.DeepspeedBuildRefused, match="torch_adam"):
+        adam.jit_load()
+    shm = get_accelerator().create_op_builder("ShareMemCommBuilder")  # built by make setup
+    assert shm.load() is not None
