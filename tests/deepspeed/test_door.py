@@ -110,34 +110,6 @@ def test_failing_rank_fails_the_run_and_removes_the_config(tmp_path):
     assert _temp_configs() == before
 
 
-@pytest.mark.spark
-def test_spark_local2_script_and_function(tmp_path):
-    from tests.spark.conftest import start_spark, stop_spark
-
-    spark = start_spark("local[2]")
-    try:
-        out = tmp_path / "script"
-        out.mkdir()
-        DeepspeedTorchDistributor(2, localMode=False, useGpu=False, deepspeedConfig=CONFIG).run(
-            SCRIPT, "--out", str(out)
-        )
-        seen = _seen(out)
-        _trained(seen, stage=2)
-        for s in seen:  # each rank wrote its own copy (executors do not see the driver's files)
-            assert s["config_existed"] and not os.path.exists(s["config_path"])
-        path = tmp_path / "ds.json"
-        path.write_text(json.dumps(CONFIG))
-        out = tmp_path / "function"
-        out.mkdir()
-        result = DeepspeedTorchDistributor(
-            2, localMode=False, useGpu=False, deepspeedConfig=str(path)
-        ).run(_ranks.function, str(out))
-        assert result["config"] == CONFIG  # a path config reaches a function as its dict
-        _trained(_seen(out), stage=2)
-    finally:
-        stop_spark(spark)
-
-
 def test_op_builds_are_refused_but_built_ops_load(monkeypatch):
     """What every hora rank installs: DeepSpeed may load a built op, never compile one."""
     from deepspeed.accelerator import get_accelerator
