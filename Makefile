@@ -9,17 +9,22 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 # torch==2.13.0 goes in first and alone: anything that pulls a plain `torch` later is then satisfied
-# and pip does not download a multi-GB CUDA build.
+# and pip does not download a multi-GB CUDA build. DeepSpeed is an sdist whose setup imports torch
+# (--no-build-isolation: it builds against this torch, no op compiled at install); the one op its
+# CPU accelerator loads in every init_distributed is built here, never in the middle of a job.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -e '.[deepspeed]'
+	$(PY) -m hora._deepspeed_ops
 	touch $(STAMP)
 
 demo: setup
 	$(PY) examples/digits.py
 	$(PY) examples/keras_digits.py
+	$(PY) examples/sharded_demo.py
 
 test: setup
 	$(VENV)/bin/ruff check hora tests bench examples

@@ -21,7 +21,7 @@ import traceback
 
 import cloudpickle
 
-from hora import _channel, _logs
+from hora import _channel, _deepspeed_ops, _logs
 from hora._payload import dumps_result
 from hora._script import CommandFailed
 from hora.job.protocol import Error, Hello, Payload, Result
@@ -97,6 +97,7 @@ def main() -> None:
     rank = int(boot["rank"])
     sys.path.extend(p for p in boot.get("sys_path", ()) if p not in sys.path)
     os.environ[BOOT_ENV_FLAG] = "1"
+    _deepspeed_ops.refuse_jit_builds()
     secret = bytes.fromhex(boot["secret"])
     _logs.set_run_secret(secret)
     conn = _channel.connect(tuple(boot["address"]), secret)

@@ -2,7 +2,8 @@
 
 One function builds it for local processes and Spark tasks alike, so the same `main` runs
 unchanged on both. The variables are torchrun's (so `init_process_group("gloo")` with no
-arguments works) plus Horovod's (so `hvd.init()` finds its place).
+arguments works) plus Horovod's (so `hvd.init()` finds its place) plus the `deepspeed` launcher's
+(so `deepspeed.init_distributed()` and DeepSpeed's accelerator see what they would under it).
 """
 
 from __future__ import annotations
@@ -123,6 +124,11 @@ def worker_env(
         "HOROVOD_LOCAL_SIZE": str(p.local_size),
         "HOROVOD_CROSS_RANK": str(p.cross_rank),
         "HOROVOD_CROSS_SIZE": str(p.cross_size),
+        # The `deepspeed` launcher's names; DeepSpeed's CPU accelerator counts its devices by
+        # LOCAL_SIZE (else by NUMA nodes), and its checkpoint placement reads CROSS_*.
+        "LOCAL_SIZE": str(p.local_size),
+        "CROSS_RANK": str(p.cross_rank),
+        "CROSS_SIZE": str(p.cross_size),
         "PYTHONUNBUFFERED": "1",
     }
     if agent_store:

@@ -110,6 +110,9 @@ def test_shell_script_sees_the_contract_and_its_output_is_relayed_and_written(tm
             "HOROVOD_LOCAL_SIZE": "2",
             "HOROVOD_CROSS_RANK": "0",
             "HOROVOD_CROSS_SIZE": "1",
+            "LOCAL_SIZE": "2",
+            "CROSS_RANK": "0",
+            "CROSS_SIZE": "1",
             "OMP_NUM_THREADS": threads,
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         }

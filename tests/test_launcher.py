@@ -36,6 +36,8 @@ def test_env_contract_is_torchrun_and_horovod():
         assert env["HOROVOD_LOCAL_SIZE"] == "3"
         assert env["GROUP_RANK"] == env["HOROVOD_CROSS_RANK"] == "0"
         assert env["HOROVOD_CROSS_SIZE"] == "1"
+        assert env["LOCAL_SIZE"] == "3"  # the deepspeed launcher's names
+        assert env["CROSS_RANK"] == "0" and env["CROSS_SIZE"] == "1"
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["USER_VAR"] == "mine"
         assert env["OMP_NUM_THREADS"] == "5"  # the user's env wins over the default

@@ -12,3 +12,6 @@ __all__ = ["TorchDistributor"]
 from hora.spark._mirrored import MirroredStrategyRunner as MirroredStrategyRunner
 
 __all__ += ["MirroredStrategyRunner"]
+from hora.spark._deepspeed import DeepspeedTorchDistributor as DeepspeedTorchDistributor
+
+__all__ += ["DeepspeedTorchDistributor"]

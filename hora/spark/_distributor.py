@@ -48,18 +48,7 @@ class TorchDistributor:
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run `train_object(*args, **kwargs)` on every rank and return rank 0's value, or run
         the script at path `train_object` with the string arguments `args` and return None."""
-        if not self.local_mode:
-            _require_spark_session()
-        env: dict[str, str] = {}
-        if self.local_mode and self.use_gpu:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(_driver_gpus(self.num_processes))
-        config = RunConfig(
-            np=self.num_processes,
-            backend="local" if self.local_mode else "spark",
-            env=env,
-            max_restarts=self.max_restarts,
-        )
-        use_gpu = None if self.local_mode else self.use_gpu
+        config, use_gpu = self._engine()
         if isinstance(train_object, str | os.PathLike):
             if kwargs:
                 raise ValueError(
@@ -71,6 +60,21 @@ class TorchDistributor:
             _launch(run_script, (script, argv), {}, config, collect_all=False, use_gpu=use_gpu)
             return None
         return _launch(train_object, args, kwargs, config, collect_all=False, use_gpu=use_gpu)[0]
+
+    def _engine(self) -> tuple[RunConfig, bool | None]:
+        """The run's config and the Spark engine's GPU pinning; checks the session first."""
+        if not self.local_mode:
+            _require_spark_session()
+        env: dict[str, str] = {}
+        if self.local_mode and self.use_gpu:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(_driver_gpus(self.num_processes))
+        config = RunConfig(
+            np=self.num_processes,
+            backend="local" if self.local_mode else "spark",
+            env=env,
+            max_restarts=self.max_restarts,
+        )
+        return config, None if self.local_mode else self.use_gpu
 
 
 def _require_spark_session() -> None:

@@ -1,0 +1,160 @@
+"""`DeepspeedTorchDistributor`: pyspark's DeepSpeed door, on hora's engines.
+
+pyspark runs `python -m torch.distributed.run ... script args --deepspeed --deepspeed_config
+<tmp.json>` and never removes the temp file. Here the script runs in hora's ranks (hora's logs,
+failures, restarts, GPU pinning and timeline) with the same two arguments appended; a dict config
+is written where every rank reads it and removed when the run ends, failed or not; and the config
+is checked by DeepSpeed's own config classes on the driver, so a typo is an error before launch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from hora._script import check_script, run_script
+from hora.api import _launch
+from hora.spark import _deepspeed_config
+from hora.spark._deepspeed_config import ConfigSource, DeepspeedConfigError
+from hora.spark._distributor import TorchDistributor
+
+#: The keyword a training function receives the config under (as a dict), if it takes it.
+CONFIG_KEYWORD = "deepspeed_config"
+CONFIG_FILE = "deepspeed_config.json"
+
+
+class DeepspeedTorchDistributor(TorchDistributor):
+    """pyspark.ml.deepspeed.deepspeed_distributor.DeepspeedTorchDistributor's contract on hora.
+
+    `numGpus` processes per node times `nnodes` nodes is the number of ranks (pyspark's meaning:
+    in local mode all of them run on the driver). `localMode`, `useGpu`: as TorchDistributor's.
+    `deepspeedConfig`: a dict, the path of a JSON file, or None (DeepSpeed's defaults).
+
+    A script gets `--deepspeed --deepspeed_config <path>` after its own arguments (only
+    `--deepspeed` without a config). A function gets the config as a dict through the keyword
+    `deepspeed_config=` when its signature takes that keyword (or `**kwargs`); pyspark passes a
+    function nothing, so a function without it runs as on pyspark. `max_restarts` (hora only,
+    keyword): restart every rank up to that many times when one fails.
+    """
+
+    def __init__(
+        self,
+        numGpus: int = 1,
+        nnodes: int = 1,
+        localMode: bool = True,
+        useGpu: bool = True,
+        deepspeedConfig: ConfigSource = None,
+        *,
+        max_restarts: int = 0,
+    ):
+        for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} has to be a positive integer, got {value!r}")
+        super().__init__(numGpus * nnodes, localMode, useGpu, max_restarts=max_restarts)
+        self.deepspeed_config = deepspeedConfig
+        self._config = _deepspeed_config.load(deepspeedConfig)  # not JSON: an error here
+        self._checked = False
+
+    def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
+        """Run the script at path `train_object` with string arguments `args` plus DeepSpeed's,
+        and return None; or run `train_object(*args, **kwargs)` on every rank and return rank 0's
+        value."""
+        if not self.local_mode:
+            _require_spark_session()
+        if self._config is not None and not self._checked:
+            _deepspeed_config.check(self._config, self.num_processes)
+            self._checked = True
+        config, use_gpu = self._engine()
+        if not isinstance(train_object, str | os.PathLike):
+            if _takes_config(train_object):
+                if CONFIG_KEYWORD in kwargs:
+                    raise ValueError(
+                        f"pass the DeepSpeed config as deepspeedConfig=, not as the keyword "
+                        f"{CONFIG_KEYWORD}= of run(): the distributor gives it to the function"
+                    )
+                kwargs = {**kwargs, CONFIG_KEYWORD: self._config}
+            results = _launch(train_object, args, kwargs, config, False, use_gpu=use_gpu)
+            return results[0]
+        if kwargs:
+            raise ValueError(
+                "a script takes only string arguments (run(path, '--lr=0.1', ...)); keyword "
+                f"arguments {sorted(kwargs)} cannot be passed to it"
+            )
+        script = check_script(os.fspath(train_object))
+        argv = [str(a) for a in args]
+        if self._config is None:
+            argv.append("--deepspeed")
+            _launch(run_script, (script, argv), {}, config, collect_all=False, use_gpu=use_gpu)
+        elif self.local_mode:  # one file on the driver, read by every rank, removed by the driver
+            with _config_file(self.deepspeed_config, self._config) as path:
+                argv += ["--deepspeed", "--deepspeed_config", path]
+                _launch(run_script, (script, argv), {}, config, collect_all=False, use_gpu=use_gpu)
+        else:  # executors do not see the driver's files: each rank writes its own copy
+            text = json.dumps(self._config)
+            job_args = (script, argv, text)
+            _launch(_run_with_config, job_args, {}, config, collect_all=False, use_gpu=use_gpu)
+        return None
+
+
+class _config_file:
+    """The path every local rank reads: the user's file as it is, or a dict written to a private
+    temporary folder that is removed on the way out, whatever happened in the run."""
+
+    def __init__(self, source: ConfigSource, config: dict[str, Any]):
+        self.source, self.config, self.folder = source, config, None
+
+    def __enter__(self) -> str:
+        if isinstance(self.source, str | os.PathLike):
+            return os.path.abspath(os.fspath(self.source))
+        self.folder = tempfile.mkdtemp(prefix="hora-deepspeed-")
+        path = os.path.join(self.folder, CONFIG_FILE)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.config, f)
+        return path
+
+    def __exit__(self, *exc: object) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _run_with_config(script: str, argv: list[str], config_text: str) -> None:
+    """On a Spark rank: write the config to this rank's own temp folder, run, remove it."""
+    folder = tempfile.mkdtemp(prefix="hora-deepspeed-")
+    try:
+        path = os.path.join(folder, CONFIG_FILE)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(config_text)
+        run_script(script, [*argv, "--deepspeed", "--deepspeed_config", path])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _takes_config(fn: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to inspect
+        return False
+    return any(
+        p.kind is p.VAR_KEYWORD
+        or (p.name == CONFIG_KEYWORD and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+        for p in parameters
+    )
+
+
+def _require_spark_session() -> None:
+    from hora.launchers.spark import active_spark_context
+
+    if active_spark_context() is None:
+        raise RuntimeError(
+            "DeepspeedTorchDistributor(localMode=False) runs its processes as Spark tasks and "
+            "needs an active SparkSession: create one first (SparkSession.builder...getOrCreate())"
+            ", or pass localMode=True to run them on the driver"
+        )
+
+
+__all__ = ["CONFIG_KEYWORD", "DeepspeedConfigError", "DeepspeedTorchDistributor"]
