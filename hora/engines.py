@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 #: Where the engines live. The order is `auto`'s: the first active engine wins, so a cluster the
 #: program has started (a SparkSession, then `ray.init()`) is preferred to this machine.
-ENGINE_MODULES = ("hora.spark._engine", "hora.launchers.local")
+ENGINE_MODULES = ("hora.spark._engine", "hora.ray._engine", "hora.launchers.local")
 
 #: (config, use_gpu, restart) -> the launcher of one attempt; it checks the engine first
 MakeLauncher = Callable[["RunConfig", "bool | None", bool], "Launcher"]
