@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from tests.conftest import wait_for_no_processes
 from tests.ray.conftest import live_actors, live_placement_groups, ray, stop_ray
 
 pytest.importorskip("pyspark", reason="pyspark is not installed")
@@ -81,6 +82,9 @@ def _end_spark(spark) -> None:
         proc.stdin.close()
         proc.terminate()
         proc.wait(timeout=30)
+    # Ray's nodes were Spark tasks' children: they end a moment after their executors do.
+    left = wait_for_no_processes(timeout=60)
+    assert not left, f"Ray on Spark left processes running: {left}"
 
 
 def test_a_hora_job_runs_on_ray_on_spark(ray_on_spark):
