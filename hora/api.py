@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
+from hora import engines
 from hora._payload import dumps_job
-from hora.config import Backend, RunConfig, Verbosity
+from hora.config import RunConfig, Verbosity
 from hora.job.driver import Attempt, Job
 from hora.job.group import WorkerGroup
 from hora.launchers import make_launcher
@@ -16,9 +17,12 @@ from hora.launchers import make_launcher
 class Runner:
     """Run a training function on `np` processes: HorovodRunner's contract.
 
-    `np < 0` runs `-np` worker processes on this machine; `np > 0` runs a Spark barrier stage of
-    `np` tasks on the active SparkSession. `driver_log_verbosity="all"` streams every rank's
-    output to the driver; `"log_callback_only"` only what the workers send with `log_to_driver`.
+    `np < 0` runs `-np` worker processes on this machine; `np > 0` runs `np` ranks on the
+    cluster the program has started: a Spark barrier stage of `np` tasks on the active
+    SparkSession, else `np` Ray actors after `ray.init()` (`backend=` names the engine, and
+    `engine_options` are its options, see hora.engines). `driver_log_verbosity="all"` streams
+    every rank's output to the driver; `"log_callback_only"` only what the workers send with
+    `log_to_driver`.
     `max_restarts=N` restarts every rank up to N times when one fails (load your last checkpoint
     at the start of `main`: see `hora.checkpoint`).
     `output_filename` is a folder where each rank's output also goes (horovodrun's option).
@@ -34,24 +38,27 @@ class Runner:
         env: Mapping[str, str] | None = None,
         max_restarts: int = 0,
         output_filename: str | os.PathLike[str] | None = None,
+        backend: str | None = None,
+        engine_options: Mapping[str, Any] | None = None,
     ):
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be an int, got {np!r}")
         if np == 0:
             raise ValueError(
                 "np=0 (all of the cluster's slots) is not supported: pass np=-N to run N "
-                "processes on this machine, or np=N for N Spark tasks"
+                "processes on this machine, or np=N for N Spark tasks (or Ray actors)"
             )
         self.np = np
         self.config = RunConfig(
             np=abs(np),
-            backend="local" if np < 0 else "spark",
+            backend=backend or ("local" if np < 0 else _cluster_backend()),
             driver_log_verbosity=driver_log_verbosity,
             start_timeout=start_timeout,
             timeout=timeout,
             env=dict(env or {}),
             max_restarts=max_restarts,
             output_filename=_folder(output_filename),
+            engine_options=dict(engine_options or {}),
         )
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
@@ -68,29 +75,32 @@ def run(
     kwargs: Mapping[str, Any] | None = None,
     *,
     np: int,
-    backend: Literal["auto", "local", "spark"] = "auto",
+    backend: str = "auto",
     env: Mapping[str, str] | None = None,
     start_timeout: float = 600,
     timeout: float | None = None,
     driver_log_verbosity: Verbosity = "all",
     max_restarts: int = 0,
     output_filename: str | os.PathLike[str] | None = None,
+    engine_options: Mapping[str, Any] | None = None,
 ) -> list[Any]:
     """Run `fn(*args, **kwargs)` on `np` processes; return every rank's value in rank order.
 
-    `backend="auto"` uses Spark when a SparkSession is active, else local processes.
+    `backend="auto"` uses Spark when a SparkSession is active, else Ray after `ray.init()`,
+    else local processes; `engine_options` are the engine's own (hora.engines).
     `max_restarts=N` restarts every rank up to N times when one fails.
     `output_filename`: as horovod.run's, a folder that gets `rank.<rank>/stdout` and `stderr`.
     """
     config = RunConfig(
         np=np,
-        backend=_resolve_backend(backend),
+        backend=engines.resolve(backend),
         driver_log_verbosity=driver_log_verbosity,
         start_timeout=start_timeout,
         timeout=timeout,
         env=dict(env or {}),
         max_restarts=max_restarts,
         output_filename=_folder(output_filename),
+        engine_options=dict(engine_options or {}),
     )
     return _launch(fn, tuple(args), dict(kwargs or {}), config, collect_all=True)
 
@@ -100,20 +110,11 @@ def _folder(path: str | os.PathLike[str] | None) -> str | None:
     return os.fspath(path) if isinstance(path, os.PathLike) else path
 
 
-def _resolve_backend(backend: str) -> Backend:
-    if backend == "auto":
-        return "spark" if _active_spark_session() else "local"
-    if backend not in ("local", "spark"):
-        raise ValueError(f"backend must be 'auto', 'local' or 'spark', got {backend!r}")
-    return backend  # type: ignore[return-value]
-
-
-def _active_spark_session() -> bool:
-    # The SparkContext, not SparkSession.getActiveSession(): that one is per thread, and a
-    # session created on the notebook's main thread is not "active" in a worker thread.
-    from hora.launchers.spark import active_spark_context  # never imports pyspark itself
-
-    return active_spark_context() is not None
+def _cluster_backend() -> str:
+    """HorovodRunner's np > 0: the cluster the program has started (Spark first), else Spark,
+    whose launcher then says that a SparkSession is needed."""
+    found = engines.active(cluster_only=True)
+    return found.name if found else "spark"
 
 
 def _launch(

@@ -14,10 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
+from hora import engines
 from hora._script import Program, UsageError, resolve, run_program
 from hora.api import run
 from hora.errors import HoraError, RunTimeoutError
@@ -29,9 +30,9 @@ EXIT_INTERRUPTED = 130
 
 _NO_HOSTS = (
     "{option} is not supported: hora does not log into other hosts. It runs the ranks on this "
-    "machine (--backend local) or as one Spark barrier stage (--backend spark): to use several "
-    "machines, run on a Spark cluster with --backend spark, where each rank is a task on an "
-    "executor."
+    "machine (--backend local), as one Spark barrier stage (--backend spark) or as Ray actors "
+    "(--backend ray): to use several machines, run on a Spark cluster with --backend spark, "
+    "where each rank is a task on an executor, or on a Ray cluster with --backend ray."
 )
 
 
@@ -59,10 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_cmd.add_argument(
         "--backend",
-        choices=("local", "spark"),
+        choices=sorted(engines.names(), key=lambda name: name != "local"),
         default="local",
-        help="local: processes on this machine (default); spark: one barrier stage on a "
-        "SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS)",
+        help="; ".join(f"{e.name}: {e.summary}" for e in engines.engines() if e.summary),
     )
     run_cmd.add_argument(
         "--timeout", type=float, default=None, help="stop the job after this many seconds"
@@ -159,27 +159,6 @@ def _job_env(ns: argparse.Namespace) -> dict[str, str]:
     return {"HOROVOD_TIMELINE": path}
 
 
-@contextmanager
-def _spark_session() -> Iterator[None]:
-    """A SparkSession for `--backend spark`, stopped at the end; the cluster comes from Spark's
-    own configuration (spark-defaults.conf, PYSPARK_SUBMIT_ARGS), as for `pyspark`."""
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise UsageError("--backend spark needs pyspark: pip install 'hora[spark]'") from None
-    try:
-        builder = SparkSession.builder.appName("hora run")
-        # Spark's progress bar would cut through the ranks' log lines on the same terminal.
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
-        session = builder.getOrCreate()
-    except Exception as exc:
-        raise UsageError(f"--backend spark could not start a SparkSession: {exc}") from exc
-    try:
-        yield
-    finally:
-        session.stop()
-
-
 def _run(ns: argparse.Namespace) -> None:
     if ns.hosts_option:
         raise UsageError(_NO_HOSTS.format(option=ns.hosts_option))
@@ -188,7 +167,7 @@ def _run(ns: argparse.Namespace) -> None:
         words,
         module=ns.module,
         no_python=ns.no_python,
-        on_this_host=ns.backend == "local",
+        on_this_host=engines.get(ns.backend).on_this_host,
     )
     options: dict[str, Any] = {
         "np": ns.np,
@@ -200,10 +179,8 @@ def _run(ns: argparse.Namespace) -> None:
         "output_filename": ns.output_filename,
         "max_restarts": ns.max_restarts,
     }
-    if ns.backend == "spark":
-        with _spark_session():
-            run(run_program, (program,), **options)
-    else:
+    session = engines.get(ns.backend).cli_session
+    with session() if session else nullcontext():
         run(run_program, (program,), **options)
 
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-Backend = Literal["local", "spark"]
+from hora import engines
+
+#: an engine's name (hora.engines lists them: "local", "spark", "ray")
+Backend = str
 Verbosity = Literal["all", "log_callback_only"]
-BACKENDS = ("local", "spark")
 VERBOSITIES = ("all", "log_callback_only")
 
 
@@ -30,12 +32,18 @@ class RunConfig:
     #: horovodrun's --output-filename: a folder where each rank's output also goes, to
     #: `rank.<rank>/stdout` and `rank.<rank>/stderr` (written by the driver); made absolute
     output_filename: str | None = None
+    #: the engine's own options (hora.engines: each engine declares which it takes), checked
+    #: and completed with the engine's defaults
+    engine_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np <= 0:
             raise ValueError(f"the number of processes must be a positive int, got np={self.np!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        engines.get(self.backend)  # an unknown name fails here, listing the engines
+        if not isinstance(self.engine_options, Mapping):
+            raise ValueError(f"engine_options must be a dict, got {self.engine_options!r}")
+        options = engines.check_options(self.backend, self.engine_options)
+        object.__setattr__(self, "engine_options", options)
         if self.driver_log_verbosity not in VERBOSITIES:
             raise ValueError(
                 f"driver_log_verbosity must be one of {VERBOSITIES}, "

@@ -9,8 +9,10 @@ arguments works) plus Horovod's (so `hvd.init()` finds its place) plus the `deep
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # Tells torch.distributed that the launcher hosts the TCPStore at MASTER_ADDR:MASTER_PORT and every
 # rank, rank 0 included, connects to it as a client. The launcher binds that port itself and keeps
@@ -165,3 +167,65 @@ def driver_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The DRIVER_VARS set in the driver's environment, to pass to every worker."""
     env = os.environ if environ is None else environ
     return {name: env[name] for name in DRIVER_VARS if env.get(name)}
+
+
+def driver_sys_path() -> list[str]:
+    """The driver's import path, for the workers: modules it can import (a notebook's
+    sys.path.append too) unpickle in them; '' (the current folder) made absolute. On a cluster,
+    entries missing on the worker's host are harmless."""
+    return [os.path.abspath(p) if p == "" else p for p in sys.path]
+
+
+def local_gpus() -> list[str]:
+    """This machine's GPUs as CUDA numbers them for this process: CUDA_VISIBLE_DEVICES when set,
+    else every device torch counts."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip()]
+    import torch  # only when asked: `import hora` stays light
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def supervised_rank_env(
+    rank: int,
+    ranks: list[dict[str, Any]],
+    master: tuple[str, int],
+    use_gpu: bool,
+    base: Mapping[str, str],
+) -> dict[str, str]:
+    """`rank`'s environment on a cluster engine, from what every rank's supervisor (a Spark
+    task, a Ray actor) reported: its `host`, `gpus` and `cpus`.
+
+    Built by `worker_env`, as in local mode, so the same `main` runs on every engine.
+    """
+    hosts = [r["host"] for r in ranks]
+    place = placements(hosts)[rank]
+    cpus = max(1, int(ranks[rank]["cpus"]))
+    env = worker_env(
+        place,
+        master[0],
+        master[1],
+        base=base,
+        cores=cpus * place.local_size,  # each rank gets its own share of threads
+    )
+    if use_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus(rank, hosts, ranks))
+    return env
+
+
+def visible_gpus(rank: int, hosts: list[str], ranks: list[dict[str, Any]]) -> list[str]:
+    """CUDA_VISIBLE_DEVICES for `rank`, chosen so that `cuda:LOCAL_RANK` is its own GPU.
+
+    With one GPU per rank (the usual `spark.task.resource.gpu.amount=1`, or one GPU per Ray
+    bundle) every rank sees the GPUs of this job's ranks on its host, in local-rank order, so
+    `torch.cuda.set_device(local_rank)` picks the GPU the cluster assigned to it. Otherwise
+    (several GPUs per rank, or addresses that repeat across executors) a rank sees only its own
+    GPUs, as pyspark's TorchDistributor does.
+    """
+    own = list(ranks[rank]["gpus"])
+    local = [r["gpus"] for r, h in zip(ranks, hosts, strict=True) if h == hosts[rank]]
+    flat = [g for gpus in local for g in gpus]
+    if all(len(gpus) == 1 for gpus in local) and len(set(flat)) == len(flat):
+        return flat
+    return own

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from hora import environment
+from hora.engines import Engine
 from hora.job.protocol import Exited, Output
 from hora.launchers._base import LaunchContext, Launcher
 from hora.launchers._process import WorkerProcess, stop_all
@@ -25,7 +25,7 @@ class LocalLauncher(Launcher):
 
     def start(self, ctx: LaunchContext) -> None:
         self._store, port = host_store(LOOPBACK)
-        sys_path = _driver_sys_path()
+        sys_path = environment.driver_sys_path()
         for place in environment.placements([LOOPBACK] * ctx.np):
             env = environment.worker_env(place, LOOPBACK, port, user_env=ctx.env)
             rank = place.rank
@@ -45,7 +45,10 @@ class LocalLauncher(Launcher):
         self._store = None
 
 
-def _driver_sys_path() -> list[str]:
-    """The driver's import path, so modules it can import (a notebook's sys.path.append too)
-    unpickle in the workers; '' (the current folder) made absolute."""
-    return [os.path.abspath(p) if p == "" else p for p in sys.path]
+ENGINE = Engine(
+    name="local",
+    is_active=lambda: True,
+    make_launcher=lambda config, use_gpu, restart: LocalLauncher(),
+    on_this_host=True,
+    summary="processes on this machine (the default)",
+)

@@ -147,7 +147,7 @@ def _takes_config(fn: Callable[..., Any]) -> bool:
 
 
 def _require_spark_session() -> None:
-    from hora.launchers.spark import active_spark_context
+    from hora.spark._engine import active_spark_context
 
     if active_spark_context() is None:
         raise RuntimeError(

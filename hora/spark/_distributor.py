@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from hora import environment
 from hora._script import check_script, run_script
 from hora.api import _launch
 from hora.config import RunConfig
@@ -79,7 +80,7 @@ class TorchDistributor:
 
 def _require_spark_session() -> None:
     """Say what to do in this door's words, before the engine would in Runner's."""
-    from hora.launchers.spark import active_spark_context
+    from hora.spark._engine import active_spark_context
 
     if active_spark_context() is None:
         raise RuntimeError(
@@ -93,13 +94,7 @@ def _driver_gpus(num_processes: int) -> list[str]:
     """The driver's GPUs for local mode: Spark's driver GPU resources, else CUDA's own count."""
     gpus = _spark_driver_gpus()
     if gpus is None:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None:
-            gpus = [g for g in visible.split(",") if g.strip()]
-        else:
-            import torch
-
-            gpus = [str(i) for i in range(torch.cuda.device_count())]
+        gpus = environment.local_gpus()
     if not gpus:
         raise RuntimeError(
             "use_gpu=True (the default) but no GPU was found on the driver; pass use_gpu=False "
@@ -114,7 +109,7 @@ def _driver_gpus(num_processes: int) -> list[str]:
 
 
 def _spark_driver_gpus() -> list[str] | None:
-    from hora.launchers.spark import active_spark_context
+    from hora.spark._engine import active_spark_context
 
     sc = active_spark_context()
     if sc is None:

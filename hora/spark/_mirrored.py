@@ -91,7 +91,7 @@ class MirroredStrategyRunner:
 
 
 def _require_spark_session() -> None:
-    from hora.launchers.spark import active_spark_context
+    from hora.spark._engine import active_spark_context
 
     if active_spark_context() is None:
         raise RuntimeError(
@@ -102,7 +102,7 @@ def _require_spark_session() -> None:
 
 
 def _spark_conf(key: str) -> str | None:
-    from hora.launchers.spark import active_spark_context
+    from hora.spark._engine import active_spark_context
 
     context = active_spark_context()
     return None if context is None else context.getConf().get(key, None)

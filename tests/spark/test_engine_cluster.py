@@ -20,8 +20,8 @@ from hora import _channel
 from hora.config import RunConfig
 from hora.job.protocol import EngineFailed, Hello, Refuse, TaskReady
 from hora.launchers import LaunchContext
-from hora.launchers.spark import SparkLauncher
 from hora.spark import TorchDistributor
+from hora.spark._engine import SparkLauncher
 from tests import _workers
 from tests.spark import _jobs
 from tests.spark.conftest import start_spark, stop_spark

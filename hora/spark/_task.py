@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +87,9 @@ def _supervise_worker(
             conn.send(Exited(rank, code))
         exited.set()
 
-    env = worker_environment(rank, plan["tasks"], plan["master"], plan["use_gpu"], os.environ)
+    env = environment.supervised_rank_env(
+        rank, plan["tasks"], plan["master"], plan["use_gpu"], os.environ
+    )
     env.update(plan["user_env"])
     boot = {
         "address": list(spec.worker_address),
@@ -108,45 +110,3 @@ def _supervise_worker(
         exited.wait(timeout=2)
     code = worker.poll()
     return f"exit {code}"
-
-
-def worker_environment(
-    rank: int,
-    tasks: list[dict[str, Any]],
-    master: tuple[str, int],
-    use_gpu: bool,
-    base: Mapping[str, str],
-) -> dict[str, str]:
-    """`rank`'s environment from every task's report: the task's own, the contract, its GPUs.
-
-    Built by `environment.worker_env`, as in local mode, so the same `main` runs on both.
-    """
-    hosts = [t["host"] for t in tasks]
-    place = environment.placements(hosts)[rank]
-    cpus = max(1, int(tasks[rank]["cpus"]))
-    env = environment.worker_env(
-        place,
-        master[0],
-        master[1],
-        base=base,
-        cores=cpus * place.local_size,  # each rank gets its task's spark.task.cpus threads
-    )
-    if use_gpu:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible_gpus(rank, hosts, tasks))
-    return env
-
-
-def visible_gpus(rank: int, hosts: list[str], tasks: list[dict[str, Any]]) -> list[str]:
-    """CUDA_VISIBLE_DEVICES for `rank`, chosen so that `cuda:LOCAL_RANK` is its own GPU.
-
-    With one GPU per task (the usual `spark.task.resource.gpu.amount=1`) every rank sees the GPUs
-    of this job's tasks on its host, in local-rank order, so `torch.cuda.set_device(local_rank)`
-    picks the GPU Spark assigned to it. Otherwise (several GPUs per task, or addresses that repeat
-    across executors) a rank sees only its own GPUs, as pyspark's TorchDistributor does.
-    """
-    own = list(tasks[rank]["gpus"])
-    local = [t["gpus"] for t, h in zip(tasks, hosts, strict=True) if h == hosts[rank]]
-    flat = [g for gpus in local for g in gpus]
-    if all(len(gpus) == 1 for gpus in local) and len(set(flat)) == len(flat):
-        return flat
-    return own

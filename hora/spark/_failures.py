@@ -12,8 +12,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from hora.launchers import _spark_entry
-from hora.launchers._spark_checks import PYTHON_KEY, runs_on_this_machine
+from hora.spark import _entry as _spark_entry
+from hora.spark._checks import PYTHON_KEY, runs_on_this_machine
 
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
 _LOST_TASK = re.compile(r"Lost task (\d+)\.\d+ in stage [\d.]+ \(TID \d+\) \(([^\s()]+) executor")

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import queue
 import sys
 import threading
@@ -31,13 +30,16 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
-from hora import _channel
+from hora import _channel, environment
 from hora.config import RunConfig
+from hora.engines import Engine
 from hora.job.protocol import EngineFailed, Exited, Go, Output, Refuse, Stop, TaskReady
-from hora.launchers import _spark_checks, _spark_entry, _spark_failures
 from hora.launchers._base import LaunchContext, Launcher
 from hora.launchers._rendezvous import host_store
-from hora.launchers._spark_task import TaskSpec
+from hora.spark import _checks as _spark_checks
+from hora.spark import _entry as _spark_entry
+from hora.spark import _failures as _spark_failures
+from hora.spark._task import TaskSpec
 
 STOP_GRACE_SECONDS = 3.0  # the supervisors' own SIGTERM -> SIGKILL grace
 CANCEL_WAIT_SECONDS = 5.0
@@ -102,7 +104,7 @@ class SparkLauncher(Launcher):
             address=self._server.address,
             worker_address=ctx.address,
             secret=ctx.secret,
-            sys_path=tuple(_driver_sys_path()),
+            sys_path=tuple(environment.driver_sys_path()),
         )
         relay = threading.Thread(target=self._relay, name="hora-spark-relay", daemon=True)
         relay.start()
@@ -248,12 +250,6 @@ class SparkLauncher(Launcher):
         self._store = None
 
 
-def _driver_sys_path() -> list[str]:
-    """The driver's import path: on one machine (local Spark) the workers then import what the
-    driver can; on a cluster, entries missing there are harmless."""
-    return [os.path.abspath(p) if p == "" else p for p in sys.path]
-
-
 @contextlib.contextmanager
 def _tasks_python(sc: Any, python: str | None) -> Iterator[None]:
     """Let the stage's function be built for `python` (None: Spark's own choice). pyspark takes
@@ -269,3 +265,37 @@ def _tasks_python(sc: Any, python: str | None) -> Iterator[None]:
             yield
         finally:
             sc.pythonExec = saved
+
+
+@contextlib.contextmanager
+def _cli_session() -> Iterator[None]:
+    """A SparkSession for `hora run --backend spark`, stopped at the end; the cluster comes from
+    Spark's own configuration (spark-defaults.conf, PYSPARK_SUBMIT_ARGS), as for `pyspark`."""
+    from hora._script import UsageError
+
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise UsageError("--backend spark needs pyspark: pip install 'hora[spark]'") from None
+    try:
+        builder = SparkSession.builder.appName("hora run")
+        # Spark's progress bar would cut through the ranks' log lines on the same terminal.
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
+        session = builder.getOrCreate()
+    except Exception as exc:
+        raise UsageError(f"--backend spark could not start a SparkSession: {exc}") from exc
+    try:
+        yield
+    finally:
+        session.stop()
+
+
+ENGINE = Engine(
+    name="spark",
+    # The SparkContext, not SparkSession.getActiveSession(): that one is per thread, and a
+    # session created on the notebook's main thread is not "active" in a worker thread.
+    is_active=lambda: active_spark_context() is not None,
+    make_launcher=lambda config, use_gpu, restart: SparkLauncher(config, use_gpu, restart),
+    cli_session=_cli_session,
+    summary="one barrier stage on a SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS)",
+)

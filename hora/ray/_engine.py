@@ -1,0 +1,286 @@
+"""The Ray engine: one Ray actor per rank, each in its own bundle of one placement group.
+
+The placement group reserves every rank's CPUs (and GPUs) at once, so a job starts whole or not
+at all, on nodes chosen by the strategy the user asks for (`PACK` by default, `SPREAD`, ...).
+Each actor (`_actor.RankSupervisor`) starts the rank's worker in a fresh Python process, exactly
+as a Spark task does, so logs, results, failures, timeouts, restarts, the timeline and
+hora.torch behave as on the other engines. The driver hosts the torch store and the job channel
+on its Ray node's address. After every attempt (success, failure, timeout, Ctrl-C) the actors
+are killed and the placement group removed: nothing is left on the cluster.
+
+Ray's own actor restarts and task retries are off: a lost actor fails the attempt, and hora's
+`max_restarts` starts the whole group again (a new placement group), as on Spark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from hora import environment
+from hora.config import RunConfig
+from hora.engines import Engine
+from hora.job.protocol import EngineFailed
+from hora.launchers._base import LaunchContext, Launcher
+from hora.launchers._rendezvous import host_store
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+OPTIONS = {
+    "placement_strategy": "how the ranks' bundles are placed on nodes: PACK (default: as few "
+    "nodes as possible), SPREAD, STRICT_PACK (one node) or STRICT_SPREAD (one node each)",
+    "num_cpus_per_rank": "CPUs each rank's bundle reserves (default 1); also its threads",
+    "num_gpus_per_rank": "GPUs each rank's bundle reserves (default 0, or 1 with use_gpu=True)",
+}
+LOOPBACK = "127.0.0.1"
+STOP_GRACE_SECONDS = 3.0  # the actors' own SIGTERM -> SIGKILL grace
+KILL_WAIT_SECONDS = 10.0
+
+
+def ray_is_active() -> bool:
+    """Whether this program has connected to Ray (`ray.init()`); never imports ray itself."""
+    if "ray" not in sys.modules:
+        return False
+    import ray
+
+    return bool(ray.is_initialized())
+
+
+def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    strategy = str(options.get("placement_strategy", "PACK")).upper()
+    if strategy not in STRATEGIES:
+        raise ValueError(
+            f"placement_strategy must be one of {', '.join(STRATEGIES)}, got "
+            f"{options.get('placement_strategy')!r}"
+        )
+    checked: dict[str, Any] = {"placement_strategy": strategy}
+    for name, default in (("num_cpus_per_rank", 1), ("num_gpus_per_rank", 0)):
+        value = options.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        checked[name] = value
+    if checked["num_cpus_per_rank"] == 0 and checked["num_gpus_per_rank"] == 0:
+        raise ValueError("num_cpus_per_rank and num_gpus_per_rank cannot both be 0")
+    return checked
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise RuntimeError("backend='ray' needs Ray: pip install 'hora[ray]'") from None
+    if not ray.is_initialized():
+        raise RuntimeError(
+            "the Ray engine (backend='ray') needs a Ray connection: call ray.init() first (a "
+            "local Ray, or ray.init(address=...) for a cluster), or run on this machine with "
+            "backend='local'"
+        )
+    return ray
+
+
+class RayLauncher(Launcher):
+    """Starts `config.np` ranks as actors in one placement group; checks the cluster first."""
+
+    multi_host = True
+
+    def __init__(self, config: RunConfig, use_gpu: bool | None = None, restart: bool = False):
+        ray = _ray()
+        options = config.engine_options
+        self.cpus = float(options["num_cpus_per_rank"])
+        self.gpus = float(options["num_gpus_per_rank"])
+        if use_gpu and self.gpus == 0:
+            self.gpus = 1.0
+        self.use_gpu = self.gpus > 0 if use_gpu is None else bool(use_gpu)
+        self.strategy = options["placement_strategy"]
+        self._np = config.np
+        if not restart:  # a restart waits (up to start_timeout) for lost nodes to come back
+            _check_capacity(ray, config.np, self.cpus, self.gpus)
+        self.node_address = ray.util.get_node_ip_address()
+        # On a one-machine Ray (a laptop's ray.init(), Ray on a local Spark) hora's own traffic
+        # (job channel, store, gloo) stays on loopback; on a cluster it uses the driver's node
+        # address, as Ray does.
+        self.one_machine = _one_machine(ray, self.node_address)
+        self.channel_host = LOOPBACK if self.one_machine else self.node_address
+        self.tag = f"hora-{uuid.uuid4().hex[:12]}"
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._group: Any = None
+        self._actors: list[Any] = []
+        self._runs: dict[Any, int] = {}  # each actor's `run` reference -> its rank
+        self._store: Any = None
+        self._thread: threading.Thread | None = None
+        self._ctx: LaunchContext | None = None
+
+    def start(self, ctx: LaunchContext) -> None:
+        ray = _ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from hora.ray._actor import RankSupervisor
+
+        self._ctx = ctx
+        self._store, port = host_store(self.channel_host)
+        self._master = (self.channel_host, port)
+        bundle = {"CPU": self.cpus, "GPU": self.gpus}
+        bundle = {k: v for k, v in bundle.items() if v > 0}
+        self._group = placement_group([bundle] * ctx.np, strategy=self.strategy, name=self.tag)
+        actor_class = ray.remote(RankSupervisor)
+        for rank in range(ctx.np):
+            self._actors.append(
+                actor_class.options(
+                    num_cpus=self.cpus,
+                    num_gpus=self.gpus,
+                    max_restarts=0,
+                    max_task_retries=0,
+                    max_concurrency=4,  # `stop` must get through while `run` waits
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self._group, placement_group_bundle_index=rank
+                    ),
+                    name=f"{self.tag}-rank-{rank}",
+                ).remote(rank, self.cpus)
+            )
+        self._thread = threading.Thread(target=self._run, name="hora-ray", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        """Wait for every actor, hand each its plan, then watch for actors that die."""
+        ray = _ray()
+        ctx = self._ctx
+        assert ctx is not None
+        try:
+            ranks = ray.get([actor.where.remote() for actor in self._actors])
+            if self.one_machine:
+                ranks = [r | {"host": LOOPBACK} for r in ranks]
+            plan = {
+                "ranks": ranks,
+                "master": self._master,
+                "channel": ctx.address,
+                "use_gpu": self.use_gpu,
+                "user_env": dict(ctx.env),
+                "cwd": os.getcwd(),
+            }
+            sys_path = environment.driver_sys_path()
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                for rank, actor in enumerate(self._actors):
+                    boot = ctx.boot(rank) | {"sys_path": sys_path}
+                    self._runs[actor.run.remote(plan, boot, ctx.secret)] = rank
+        except Exception as exc:
+            if not self._stopping.is_set():
+                ctx.report(EngineFailed(0, f"Ray could not start the ranks: {exc}", ""))
+            return
+        pending = list(self._runs)
+        while pending and not self._stopping.is_set():
+            done, pending = ray.wait(pending, num_returns=1, timeout=0.2)
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except Exception as exc:
+                    if not self._stopping.is_set():
+                        self._lost(self._runs[ref], exc)
+
+    def _lost(self, rank: int, exc: BaseException) -> None:
+        """An actor died under its rank: the node was lost or its process killed."""
+        assert self._ctx is not None
+        text = str(exc).strip()
+        self._ctx.report(
+            EngineFailed(
+                rank,
+                "its Ray actor died before its worker exited (node lost, or actor killed)",
+                text.splitlines()[0] if text else type(exc).__name__,
+                f"the Ray actor of rank {rank} failed",
+            )
+        )
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._group is None:
+            return
+        ray = _ray()
+        with self._lock:
+            runs = list(self._runs)
+        with contextlib.suppress(Exception):
+            for actor in self._actors:
+                actor.stop.remote()
+            if runs:
+                ray.wait(runs, num_returns=len(runs), timeout=STOP_GRACE_SECONDS + 1.0)
+        for actor in self._actors:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+        with contextlib.suppress(Exception):
+            ray.util.remove_placement_group(self._group)
+        if self._thread is not None:
+            self._thread.join(timeout=KILL_WAIT_SECONDS)
+        _wait_gone(ray, self._actors)
+        self._actors, self._runs, self._group, self._thread = [], {}, None, None
+        self._store = None
+
+
+def _wait_gone(ray: Any, actors: list[Any]) -> None:
+    """Until Ray reports every actor dead: their processes (and GPUs) are free for what's next."""
+    ids = {actor._actor_id.hex() for actor in actors}
+    deadline = time.monotonic() + KILL_WAIT_SECONDS
+    while ids and time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            states = ray._private.state.actors()
+            ids = {i for i in ids if states.get(i, {}).get("State") not in ("DEAD", None)}
+        if ids:
+            time.sleep(0.05)
+
+
+def _one_machine(ray: Any, address: str) -> bool:
+    """Whether every live node of the cluster is this machine (the driver's node address)."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    return bool(nodes) and all(n.get("NodeManagerAddress") == address for n in nodes)
+
+
+def _check_capacity(ray: Any, np: int, cpus: float, gpus: float) -> None:
+    """Refuse, before anything is placed, a job the whole cluster could never hold."""
+    total = ray.cluster_resources()
+    short = [
+        f"{np} x {each:g} {name} = {np * each:g} {name}, the cluster has {total.get(name, 0):g}"
+        for name, each in (("CPU", cpus), ("GPU", gpus))
+        if each > 0 and np * each > total.get(name, 0)
+    ]
+    if short:
+        raise ValueError(
+            f"np={np} needs more than this Ray cluster has ({'; '.join(short)}): lower np, "
+            "num_cpus_per_rank or num_gpus_per_rank (engine_options), or add nodes"
+        )
+
+
+@contextlib.contextmanager
+def _cli_session() -> Iterator[None]:
+    """A Ray connection for `hora run --backend ray`: RAY_ADDRESS's cluster, else a local Ray
+    started for the command; disconnected at the end."""
+    from hora._script import UsageError
+
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("--backend ray needs Ray: pip install 'hora[ray]'") from None
+    try:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    except Exception as exc:
+        raise UsageError(f"--backend ray could not connect to Ray: {exc}") from exc
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+ENGINE = Engine(
+    name="ray",
+    is_active=ray_is_active,
+    make_launcher=lambda config, use_gpu, restart: RayLauncher(config, use_gpu, restart),
+    options=OPTIONS,
+    check_options=check_options,
+    cli_session=_cli_session,
+    summary="one Ray actor per rank in a placement group (RAY_ADDRESS's cluster, else a local Ray)",
+)

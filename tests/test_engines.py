@@ -1,0 +1,36 @@
+"""The engine registry: every door asks it, and bad input fails before anything starts."""
+
+from __future__ import annotations
+
+import pytest
+
+import hora
+from hora import engines
+from hora.config import RunConfig
+from tests import _workers
+
+
+def test_every_engine_declares_itself_and_auto_falls_back_to_this_machine():
+    assert set(engines.names()) == {"local", "spark", "ray"}
+    assert engines.get("local").on_this_host and not engines.get("ray").on_this_host
+    assert set(engines.get("ray").options) == {
+        "placement_strategy",
+        "num_cpus_per_rank",
+        "num_gpus_per_rank",
+    }
+    assert engines.resolve("auto") == "local"  # no SparkSession, no ray.init() in this process
+
+
+def test_bad_backend_or_options_fail_in_the_config_with_what_to_change():
+    with pytest.raises(ValueError, match=r"backend must be one of \('spark', 'ray', 'local'\)"):
+        RunConfig(np=2, backend="yarn")
+    with pytest.raises(ValueError, match=r"not options of the 'local' engine \(it takes: none\)"):
+        hora.run(_workers.rank_times, (1,), np=2, backend="local", engine_options={"x": 1})
+    with pytest.raises(ValueError, match="num_cpus_per_rank must be a number >= 0"):
+        RunConfig(np=2, backend="ray", engine_options={"num_cpus_per_rank": "two"})
+    config = RunConfig(np=2, backend="ray", engine_options={"placement_strategy": "spread"})
+    assert config.engine_options == {
+        "placement_strategy": "SPREAD",
+        "num_cpus_per_rank": 1,
+        "num_gpus_per_rank": 0,
+    }
