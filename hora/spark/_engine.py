@@ -1,6 +1,6 @@
 """The Spark engine: one barrier stage of `np` tasks on the active SparkSession, one rank per task.
 
-Each task is a supervisor (`_spark_task.supervise`) that starts the worker in a fresh Python
+Each task is a supervisor (`_task.supervise`) that starts the worker in a fresh Python
 process; the workers then talk to the driver's job channel exactly as local workers do. This
 launcher is the supervisors' side on the driver: it hosts the torch store (as the local launcher
 does, so no rank races for a port), acts as the rendezvous (every task reports its host and GPUs,
@@ -8,10 +8,10 @@ and once all have, each gets the plan; Spark's own `allGather` costs a second pe
 output lines and exit codes to the job, and stops everything: first by telling the supervisors,
 then by cancelling the stage's job tag.
 
-Each task first runs `_spark_entry` (shipped by value), which refuses to start a rank on a Python
+Each task first runs `_entry` (shipped by value), which refuses to start a rank on a Python
 unlike the driver's; on a local or local-cluster master the tasks get the driver's interpreter
-in the first place (`_spark_checks.python_for_tasks`). A failed stage is reported as the task that
-failed and why (`_spark_failures`), never as a rank that did not run.
+in the first place (`_checks.python_for_tasks`). A failed stage is reported as the task that
+failed and why (`_failures`), never as a rank that did not run.
 
 A rank is started at most once per run: if Spark ever re-attempts a task or the stage, the
 supervisor of the re-attempt is refused and the job fails, rather than re-running a

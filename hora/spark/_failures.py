@@ -2,7 +2,7 @@
 
 Spark reports a task's Python exception inside a Py4J error of a hundred lines of Java frames.
 The task that failed and the Python exception's last line are what a user can act on; a task
-that found its executor's Python unlike the driver's (`_spark_entry`) gets a message of its own
+that found its executor's Python unlike the driver's (`_entry`) gets a message of its own
 that names both interpreters and what to set.
 """
 
@@ -33,7 +33,7 @@ class StageFailure:
     host: str | None
     summary: str
     detail: str
-    before_start: bool = False  # the task refused to start its rank (see `_spark_entry`)
+    before_start: bool = False  # the task refused to start its rank (see `_entry`)
 
 
 def read(
