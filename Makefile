@@ -15,10 +15,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[estimator]'
 	touch $(STAMP)
 
 demo: setup
 	$(PY) examples/digits.py
+	$(PY) examples/estimator_digits.py
 
 test: setup
 	$(VENV)/bin/ruff check hora tests bench examples

@@ -85,15 +85,14 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
         context = active_spark_context()
         num_proc = self.getNumProc() or (context.defaultParallelism if context is not None else 1)
-        data = feed.prepare(
-            dataset, store, features, labels, validation, seed, self.getInputShapes()
-        )
+        specs, head = feed.sample(dataset, features, labels, self.getInputShapes())
+        _try_on_a_sample(self.getModel(), specs, head, len(features), settings)
+        data = feed.prepare(dataset, store, specs, len(features), validation, seed)
         if data.train_rows < num_proc:
             raise ValueError(
                 f"{data.train_rows} training row(s) for {num_proc} ranks: every rank needs at "
                 "least one; give more rows or lower num_proc"
             )
-        _try_on_a_sample(self.getModel(), data, store, settings)
         job = TrainJob(
             model=self.getModel(),
             optimizer=self.getOptimizer(),
@@ -257,26 +256,22 @@ def _check_fits(state: Any, model: Any, run_id: str, store: Store) -> None:
 
 
 def _try_on_a_sample(
-    model: Any, data: feed.PreparedData, store: Store, settings: dict[str, Any]
+    model: Any, specs: list[ColumnSpec], head: list[Any], n: int, settings: dict[str, Any]
 ) -> None:
-    """One forward pass and loss on two rows, on the driver: a label that cannot match the
-    model's output fails here, with the shapes, instead of in every rank."""
+    """One forward pass and loss on the first rows, on the driver: a label that cannot match
+    the model's output fails here, with the shapes, before any data is written or rank started."""
     import torch
 
     from hora.spark.estimator.train import metric_values, step_loss
 
-    specs: list[ColumnSpec] = [*data.features, *data.labels]
-    arrays = feed.read_shard(store, data.train_path, specs, 0, max(1, data.train_rows // 2))
-    tensors = [torch.from_numpy(a[:2].copy()) for a in arrays]
-    n = len(data.features)
+    tensors = [torch.from_numpy(a.copy()) for a in head]
     shapes = ", ".join(f"{s.name} {tuple(t.shape)}" for s, t in zip(specs, tensors, strict=True))
 
     class _Sample:
         losses = settings["losses"]
         loss_weights = settings["loss_weights"]
 
-    _Sample.model = copy.deepcopy(model)
-
+    _Sample.model = copy.deepcopy(model).eval()  # eval: one row must do (BatchNorm)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a broadcasting loss warns; here that is a mistake
@@ -286,6 +281,6 @@ def _try_on_a_sample(
             metric_values(settings["metrics"], outputs, tensors[n:])
     except Exception as e:
         raise ValueError(
-            f"the model cannot be trained on these columns: on two rows ({shapes}) the "
-            f"forward pass or loss failed: {type(e).__name__}: {e}"
+            f"the model cannot be trained on these columns: on {len(tensors[0])} row(s) "
+            f"({shapes}) the forward pass or loss failed: {type(e).__name__}: {e}"
         ) from e

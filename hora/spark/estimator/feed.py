@@ -49,19 +49,43 @@ class PreparedData:
     reused: bool
 
 
+def sample(
+    df: Any,
+    features: list[ColumnSpec],
+    labels: list[ColumnSpec],
+    input_shapes: Sequence[Sequence[int]] | None,
+    rows: int = 2,
+) -> tuple[list[ColumnSpec], list[np.ndarray]]:
+    """The first `rows` rows as arrays, and the columns' shapes found in them (or given by
+    `input_shapes`): what the driver tries the model on before anything else runs."""
+    import pyarrow as pa
+
+    specs = [*features, *labels]
+    names = [f"c{i}" for i in range(len(specs))]
+    columns = [numeric_column(s, n) for s, n in zip(specs, names, strict=True)]
+    head = df.select(*columns).limit(rows).toPandas()
+    if not len(head):
+        raise ValueError("the DataFrame is empty: there is nothing to train on")
+    table = pa.Table.from_pandas(head, preserve_index=False)
+    shaped = _shapes(specs, table, len(features), input_shapes)
+    arrays = [to_numpy(table.column(n), s) for n, s in zip(names, shaped, strict=True)]
+    return shaped, arrays
+
+
 def prepare(
     df: Any,
     store: Store,
-    features: list[ColumnSpec],
-    labels: list[ColumnSpec],
+    specs: list[ColumnSpec],
+    n_features: int,
     validation: float | str | None,
     seed: int,
-    input_shapes: Sequence[Sequence[int]] | None,
 ) -> PreparedData:
-    """Write the DataFrame's feature and label columns to the store (unless already there)."""
+    """Write the DataFrame's feature and label columns to the store (unless already there).
+
+    `specs` come from `sample`; every row is checked to hold as many values as they say.
+    """
     from pyspark.sql import functions as F
 
-    specs = [*features, *labels]
     names = [f"c{i}" for i in range(len(specs))]
     columns = [numeric_column(s, n) for s, n in zip(specs, names, strict=True)]
     if isinstance(validation, str):
@@ -75,20 +99,26 @@ def prepare(
     ]
     for spec, name in zip(specs, names, strict=True):
         if spec.kind != "scalar":
-            stats += [
-                F.min(F.size(name)).alias(f"{name}_min"),
-                F.max(F.size(name)).alias(f"{name}_max"),
-            ]
+            sizes = F.coalesce(F.size(name), F.lit(-1))
+            stats += [F.min(sizes).alias(f"{name}_min"), F.max(sizes).alias(f"{name}_max")]
     facts = data.agg(*stats).collect()[0].asDict()
     if not facts["rows"]:
         raise ValueError("the DataFrame is empty: there is nothing to train on")
+    for spec, name in zip(specs, names, strict=True):
+        if spec.kind != "scalar":
+            low, high, wanted = facts[f"{name}_min"], facts[f"{name}_max"], math.prod(spec.shape)
+            if not low == high == wanted:
+                raise ValueError(
+                    f"column {spec.name!r} holds arrays of {low} to {high} values (or nulls, "
+                    f"counted as -1), not {wanted} in every row; a batch needs one length: pad, "
+                    "truncate or filter them"
+                )
 
-    shaped = _shapes(specs, names, facts, len(features), input_shapes)
-    key = _fingerprint(facts, shaped, validation, seed)
+    key = _fingerprint(facts, specs, validation, seed)
     done = store.data(key, _DONE)
     if store.exists(done):
         info = json.loads(store.read_bytes(done))
-        return _prepared(store, key, info, shaped, len(features), reused=True)
+        return _prepared(store, key, info, specs, n_features, reused=True)
 
     if isinstance(validation, float):
         bucket = F.pmod(F.xxhash64(*[F.col(c) for c in names], F.lit(seed)), F.lit(_SPLIT_BUCKETS))
@@ -113,13 +143,12 @@ def prepare(
         ),
     }
     store.write_bytes(done, json.dumps(info).encode())
-    return _prepared(store, key, info, shaped, len(features), reused=False)
+    return _prepared(store, key, info, specs, n_features, reused=False)
 
 
 def _shapes(
     specs: list[ColumnSpec],
-    names: list[str],
-    facts: dict[str, Any],
+    table: Any,
     n_features: int,
     input_shapes: Sequence[Sequence[int]] | None,
 ) -> list[ColumnSpec]:
@@ -129,17 +158,14 @@ def _shapes(
             "give one shape per feature column"
         )
     shaped = []
-    for i, (spec, name) in enumerate(zip(specs, names, strict=True)):
+    for i, spec in enumerate(specs):
         if spec.kind == "scalar":
             found: tuple[int, ...] = (1,) if i < n_features else ()
         else:
-            low, high = facts[f"{name}_min"], facts[f"{name}_max"]
-            if low != high or low is None or low < 0:
-                raise ValueError(
-                    f"column {spec.name!r} holds arrays of different lengths ({low} to {high}) "
-                    "or nulls; a batch needs one length: pad, truncate or filter them"
-                )
-            found = (int(low),)
+            first = table.column(f"c{i}")[0]
+            if not first.is_valid:
+                raise ValueError(f"column {spec.name!r} has null rows; drop or fill them first")
+            found = (len(first),)
         if i < n_features and input_shapes is not None:
             wanted = tuple(int(d) for d in input_shapes[i])
             if math.prod(wanted) != math.prod(found):

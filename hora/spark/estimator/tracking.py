@@ -4,33 +4,21 @@ after training, from the run's history, so the executors need neither mlflow nor
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 
-def active_run() -> Any:
-    """mlflow's active run, or None (also when mlflow is not installed or not imported yet)."""
-    try:
-        import mlflow
-    except ImportError:
-        return None
-    return mlflow.active_run()
-
-
 def log_fit(params: dict[str, Any], history: list[dict[str, float]], store_model_dir: str) -> bool:
-    """Log to the active run; False when there is none."""
-    if "mlflow" not in sys.modules and active_run() is None:
-        return False
-    import mlflow
-
-    if mlflow.active_run() is None:
+    """Log to the active run; False when there is none. A program with an active run has
+    imported mlflow: one that has not is never made to import it (seconds of start-up)."""
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None or mlflow.active_run() is None:
         return False
     mlflow.log_params({k: _short(v) for k, v in params.items()})
     for epoch, logs in enumerate(history, start=1):
         mlflow.log_metrics(logs, step=epoch)
-    import os
-
-    if os.path.isdir(store_model_dir):
+    if store_model_dir and os.path.isdir(store_model_dir):
         mlflow.log_artifacts(store_model_dir, artifact_path="model")
     return True
 
