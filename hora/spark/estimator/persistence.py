@@ -1,7 +1,8 @@
 """save/load for TorchEstimator and TorchModel (pyspark's MLWritable/MLReadable):
 
-    <path>/metadata.json   the class, uid and every JSON-able param (store and run_id included,
-                           which Horovod's estimator forgot)
+    <path>/metadata/       pyspark's own params metadata (DefaultParamsWriter): the class, uid and
+                           every JSON-able param (store and run_id included, which Horovod's
+                           estimator forgot), so a PipelineModel holding a TorchModel loads
     <path>/objects.pkl     cloudpickle of the params that are Python objects: model, optimizer,
                            loss, metrics, callbacks, history
 
@@ -11,11 +12,10 @@ The path is a local path, a `file:` URI or any URI pyarrow opens, as the store.
 from __future__ import annotations
 
 import importlib
-import json
 from typing import Any
 
 import cloudpickle
-from pyspark.ml.util import MLReader, MLWriter
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
 from hora.spark.estimator.store import Store
 
@@ -28,7 +28,7 @@ class HoraWriter(MLWriter):
 
     def save(self, path: str) -> None:
         store = Store.parse(path)
-        if store.exists(store.path("metadata.json")) or store.exists(store.root):
+        if store.exists(store.root):
             if not self.shouldOverwrite:
                 raise FileExistsError(
                     f"{path!r} already exists; use .write().overwrite().save(path) to replace it"
@@ -44,14 +44,8 @@ class HoraWriter(MLWriter):
         }
         objects = {k: v for k, v in values.items() if k in self._objects}
         plain = {k: v for k, v in values.items() if k not in self._objects}
-        cls = type(instance)
-        metadata = {
-            "class": f"{cls.__module__}.{cls.__qualname__}",
-            "uid": instance.uid,
-            "params": plain,
-        }
+        DefaultParamsWriter.saveMetadata(instance, path, _spark_context(), paramMap=plain)
         store.write_bytes(store.path("objects.pkl"), cloudpickle.dumps(objects))
-        store.write_bytes(store.path("metadata.json"), json.dumps(metadata, indent=1).encode())
 
 
 class HoraReader(MLReader):
@@ -61,10 +55,9 @@ class HoraReader(MLReader):
 
     def load(self, path: str) -> Any:
         store = Store.parse(path)
-        metadata_path = store.path("metadata.json")
-        if not store.exists(metadata_path):
+        if not store.exists(store.path("objects.pkl")):
             raise FileNotFoundError(f"{path!r} holds no saved hora estimator or model")
-        metadata = json.loads(store.read_bytes(metadata_path))
+        metadata = DefaultParamsReader.loadMetadata(path, _spark_context())
         module, _, name = metadata["class"].rpartition(".")
         cls = getattr(importlib.import_module(module), name)
         if not issubclass(cls, self._cls):
@@ -72,5 +65,14 @@ class HoraReader(MLReader):
         objects = cloudpickle.loads(store.read_bytes(store.path("objects.pkl")))
         instance = cls()
         instance._resetUid(metadata["uid"])
-        instance._set(**metadata["params"], **objects)
+        instance._set(**metadata["paramMap"], **objects)
         return instance
+
+
+def _spark_context():
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None:
+        raise RuntimeError("saving or loading a Spark ML stage needs an active SparkSession")
+    return context

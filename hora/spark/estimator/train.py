@@ -215,6 +215,7 @@ def train_on_rank(job: TrainJob) -> None:
             },
             epoch + 1,
         )
+        hvd.barrier()  # no rank goes on (or fails) before the epoch's checkpoint is whole
         if rank == 0:
             assert events is not None
             events.write(epoch, logs)

@@ -60,7 +60,7 @@ def test_pipeline_fit_transform_save_load_events_and_mlflow(spark, tmp_path, cap
     from pyspark.sql import functions as F
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    df, pixels = _data.digits_as_columns(spark)
+    df, pixels = _data.digits_as_columns(spark, limit=1000)
     estimator = _estimator(
         tmp_path / "store", epochs=3, validation=0.2, metrics=[_data.accuracy], run_id="pipe"
     )
@@ -77,19 +77,20 @@ def test_pipeline_fit_transform_save_load_events_and_mlflow(spark, tmp_path, cap
     history = model.getHistory()
     assert len(history) == 3
     assert set(history[0]) == {"loss", "accuracy", "val_loss", "val_accuracy"}
-    assert history[-1]["val_accuracy"] > 0.85
+    assert history[-1]["val_accuracy"] > 0.8
     assert history[-1]["loss"] < history[0]["loss"]
 
     predicted = fitted.transform(df).withColumn(
         "prediction",
         F.expr("cast(array_position(label__output, array_max(label__output)) - 1 AS double)"),
     )
+    predicted = predicted.select(*pixels, "label", "label__output", "prediction").cache()
     assert dict(predicted.dtypes)["label__output"] == "array<float>"
     evaluator = MulticlassClassificationEvaluator(
         labelCol="label", predictionCol="prediction", metricName="accuracy"
     )
     accuracy = evaluator.evaluate(predicted.withColumn("label", F.col("label").cast("double")))
-    assert accuracy > 0.85
+    assert accuracy > 0.8
 
     # the same predictions from the module itself, on the driver
     rows = predicted.select(*pixels, "label__output").limit(5).collect()
