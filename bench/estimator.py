@@ -77,7 +77,13 @@ def timed(fn: Callable[[], int]) -> float:
     return rows / (time.perf_counter() - start)
 
 
-def alternate(contenders: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+def alternate(
+    contenders: dict[str, Callable[[], float]], rounds: int, warm_up: bool = False
+) -> dict[str, float]:
+    """Medians of `rounds` alternating rounds (after one untimed round with `warm_up`)."""
+    if warm_up:
+        for fn in contenders.values():
+            fn()
     figures: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, fn in contenders.items():
@@ -197,6 +203,7 @@ def bench_inference(spark, df, rounds: int) -> dict[str, float]:
             "predict_batch_udf": lambda: timed(spark_udf),
         },
         rounds,
+        warm_up=True,  # Python workers started and torch imported in them, for both
     )
 
 
@@ -222,8 +229,9 @@ def runner_train(x, y, epochs: int, batch: int, lr: float):
             opt.zero_grad()
             nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
+    rank = hvd.rank()
     hvd.shutdown()
-    return model.state_dict() if hvd.rank() == 0 else None
+    return model.state_dict() if rank == 0 else None
 
 
 def bench_fit(spark, rounds: int, epochs: int) -> dict[str, float]:

@@ -21,6 +21,7 @@ import json
 import math
 import queue
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -286,9 +287,8 @@ class Batches:
         device: Any,
         prefetch: int = 4,
     ) -> None:
-        import torch
 
-        self._tensors = [torch.from_numpy(_writable(a)) for a in arrays]
+        self._tensors = [_as_tensor(a) for a in arrays]
         self._held = len(arrays[0]) if arrays else 0
         self.rows_per_epoch = min(rows_per_epoch, self._held)
         self._batch_size = batch_size
@@ -358,7 +358,11 @@ class Batches:
             thread.join()
 
 
-def _writable(array: np.ndarray) -> np.ndarray:
-    """Arrow's buffers are read-only; the shard is copied once so torch may own it."""
-    array = np.ascontiguousarray(array)
-    return array if array.flags.writeable else array.copy()
+def _as_tensor(array: np.ndarray) -> Any:
+    """The shard as a tensor over Arrow's own (read-only) buffer, without a copy: batches are
+    gathered out of it with index_select, so nothing ever writes to it."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's note on read-only arrays
+        return torch.from_numpy(np.ascontiguousarray(array))

@@ -49,11 +49,15 @@ def predict(
     token: str,
     specs: Sequence[ColumnSpec],
     inputs: Sequence[str],
+    temporary: Sequence[str],
     outputs: Sequence[str],
     kinds: Sequence[str],
     batch_size: int,
 ) -> Iterator[Any]:
-    """mapInArrow's function: each RecordBatch with `inputs` dropped and `outputs` added."""
+    """mapInArrow's function: each RecordBatch with `outputs` added (and `temporary` dropped).
+
+    `inputs` are the feature columns in the batch, read as float32 (vectors arrive as arrays in
+    `temporary` columns made for this)."""
     import pyarrow as pa
     import torch
 
@@ -61,7 +65,10 @@ def predict(
 
     model, device = _model(token, broadcast)
     for batch in batches:
-        arrays = [to_numpy(batch.column(name), s) for name, s in zip(inputs, specs, strict=True)]
+        arrays = [
+            to_numpy(batch.column(name), s).astype(np.float32, copy=False)
+            for name, s in zip(inputs, specs, strict=True)
+        ]
         rows = batch.num_rows
         results: list[list[np.ndarray]] = [[] for _ in outputs]
         with torch.inference_mode(), warnings.catch_warnings():
@@ -71,7 +78,7 @@ def predict(
                 xs = [torch.from_numpy(a[start : start + batch_size]).to(device) for a in arrays]
                 for i, out in enumerate(as_outputs(model(*xs), len(outputs))):
                     results[i].append(out.detach().float().cpu().numpy().reshape(len(xs[0]), -1))
-        keep = [i for i, name in enumerate(batch.schema.names) if name not in set(inputs)]
+        keep = [i for i, name in enumerate(batch.schema.names) if name not in set(temporary)]
         columns = [batch.column(i) for i in keep]
         names = [batch.schema.names[i] for i in keep]
         for name, kind, parts in zip(outputs, kinds, results, strict=True):

@@ -73,9 +73,15 @@ class TorchModel(Model, ModelParams, MLWritable, MLReadable):
                 "double" if kind == "double" or (kind == "auto" and width == 1) else "array"
             )
 
-        temps = [f"__hora_input_{i}_{uuid.uuid4().hex[:8]}" for i in range(len(specs))]
-        inputs = [numeric_column(s, t) for s, t in zip(specs, temps, strict=True)]
-        extended = dataset.select("*", *inputs)
+        # Vectors become arrays in temporary columns (dropped again in the UDF); numeric and
+        # array columns are read as they are, so their bytes cross into Python only once.
+        inputs = [
+            f"__hora_input_{i}_{uuid.uuid4().hex[:8]}" if s.kind == "vector" else s.name
+            for i, s in enumerate(specs)
+        ]
+        temps = [n for n, s in zip(inputs, specs, strict=True) if s.kind == "vector"]
+        converted = [numeric_column(s, n) for n, s in zip(inputs, specs, strict=True) if n in temps]
+        extended = dataset.select("*", *converted) if converted else dataset
         fields = list(dataset.schema.fields)
         for name, k in zip(outputs, kinds, strict=True):
             dtype = T.DoubleType() if k == "double" else T.ArrayType(T.FloatType(), False)
@@ -90,7 +96,8 @@ class TorchModel(Model, ModelParams, MLWritable, MLReadable):
             broadcast=broadcast,
             token=uuid.uuid4().hex,
             specs=specs,
-            inputs=temps,
+            inputs=inputs,
+            temporary=temps,
             outputs=outputs,
             kinds=kinds,
             batch_size=self.getBatchSize(),

@@ -13,7 +13,8 @@ from hora.spark import TorchEstimator, TorchModel
 from tests.spark.conftest import start_spark, stop_spark
 from tests.spark.estimator import _data
 
-pytestmark = pytest.mark.spark
+# a hang guard, not a speed limit: a fit is a few Spark jobs and a launch, slow on a loaded host
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
