@@ -30,7 +30,7 @@ def export_model(model: Any, example: list[Any] | None, store: Store, run_id: st
     written.append("model.pkl")
     if example is not None:
         try:
-            program = torch.export.export(model, tuple(t.to("cpu") for t in example))
+            program = _export(model, tuple(t.to("cpu") for t in example))
             buffer = io.BytesIO()
             torch.export.save(program, buffer)
         except Exception as e:  # not every model exports; the other two files are enough
@@ -41,3 +41,14 @@ def export_model(model: Any, example: list[Any] | None, store: Store, run_id: st
             store.write_bytes(store.run(run_id, "model", "model.pt2"), buffer.getvalue())
             written.append("model.pt2")
     return written
+
+
+def _export(model: Any, example: tuple[Any, ...]) -> Any:
+    """torch.export with the batch dimension left free, or fixed when the model needs that."""
+    import torch
+
+    batch = {0: torch.export.Dim.AUTO}
+    try:
+        return torch.export.export(model, example, dynamic_shapes=tuple(batch for _ in example))
+    except Exception:
+        return torch.export.export(model, example)
