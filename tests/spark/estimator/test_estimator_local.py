@@ -68,7 +68,7 @@ def test_pipeline_fit_transform_save_load_events_and_mlflow(spark, tmp_path, cap
     pipeline = Pipeline(stages=[VectorAssembler(inputCols=pixels, outputCol="features"), estimator])
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow 3 asks for this opt-in
     mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
-    with mlflow.start_run() as run:
+    with mlflow.start_run() as tracked:
         fitted = pipeline.fit(df)
     out, _ = capfd.readouterr()
     assert "hora: epoch 3/3: loss" in out and "val_accuracy" in out and "rows/s" in out
@@ -138,9 +138,9 @@ def test_pipeline_fit_transform_save_load_events_and_mlflow(spark, tmp_path, cap
 
     # MLflow: params and every epoch's metrics went to the active run
     client = mlflow.tracking.MlflowClient()
-    run_data = client.get_run(run.info.run_id).data
+    run_data = client.get_run(tracked.info.run_id).data
     assert run_data.params["epochs"] == "3" and run_data.params["run_id"] == "pipe"
-    steps = client.get_metric_history(run.info.run_id, "val_accuracy")
+    steps = client.get_metric_history(tracked.info.run_id, "val_accuracy")
     assert [m.step for m in steps] == [1, 2, 3]
 
 
