@@ -19,12 +19,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -e '.[deepspeed]'
 	$(PY) -m hora._deepspeed_ops
+	$(PY) -m pip install -q -e '.[estimator]'
 	touch $(STAMP)
 
 demo: setup
 	$(PY) examples/digits.py
 	$(PY) examples/keras_digits.py
 	$(PY) examples/sharded_demo.py
+	$(PY) examples/estimator_digits.py
 
 test: setup
 	$(VENV)/bin/ruff check hora tests bench examples
