@@ -38,6 +38,20 @@ def tagged_processes() -> list[int]:
     return found
 
 
+def worker_processes() -> list[int]:
+    """Live hora worker processes started under this test session."""
+    found = []
+    for pid in tagged_processes():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"hora._worker" in cmdline:
+            found.append(pid)
+    return found
+
+
 def wait_for_no_processes(timeout: float = 10.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while (left := tagged_processes()) and time.monotonic() < deadline:

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import tagged_processes
+from tests.conftest import tagged_processes, worker_processes
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Token authentication on every Ray process of the tests alike (a head started by `ray start`, as
@@ -48,20 +48,6 @@ def stop_ray() -> None:
 
 def _ray_processes() -> list[int]:
     return [pid for pid in tagged_processes() if pid != os.getpid()]
-
-
-def worker_processes() -> list[int]:
-    """Live hora worker processes started under this test session."""
-    found = []
-    for pid in tagged_processes():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if b"hora._worker" in cmdline:
-            found.append(pid)
-    return found
 
 
 def live_actors() -> list[str]:

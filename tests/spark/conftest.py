@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.conftest import tagged_processes
+from tests.conftest import tagged_processes, worker_processes
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed")
 if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
@@ -54,20 +54,6 @@ def stop_spark(session) -> None:
     for key in list(system.getProperties().stringPropertyNames()):
         if str(key).startswith("spark."):
             system.clearProperty(key)
-
-
-def worker_processes() -> list[int]:
-    """Live hora worker processes started under this test session."""
-    found = []
-    for pid in tagged_processes():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if b"hora._worker" in cmdline:
-            found.append(pid)
-    return found
 
 
 @pytest.fixture(scope="package", autouse=True)
