@@ -1,9 +1,15 @@
 """The background engine: one thread per process that negotiates and runs every collective.
 
 The caller's thread only records an operation and wakes the engine (`submit` returns a handle at
-once). The engine thread sends requests to the coordinator (rank 0's engine), receives the agreed
+once). The engine sends requests to the coordinator (rank 0's engine), receives the agreed
 buckets, runs them on the data path and completes the handles. No rank polls while idle: the
 threads sleep in `select` until a submission or a message arrives.
+
+Whoever holds the drive lock runs the engine's rounds (`_step`): the background thread, or a
+caller blocked in `synchronize`, which then sends, negotiates and runs the data path itself
+instead of handing the work to the thread and waiting to be woken (two thread hand-overs per
+blocking call saved, the thread's GIL requests along with them). The thread keeps everything
+moving while no caller waits: operations of hooks during a backward pass, `poll` loops.
 """
 
 from __future__ import annotations
@@ -58,6 +64,20 @@ class Shutdown:
     """Sent by the coordinator: every engine stops and fails what is pending with `reason`."""
 
     reason: str
+
+
+def _sleeper_for(sel: selectors.BaseSelector) -> selectors.BaseSelector:
+    """What the thread sleeps on: a selector watching `sel`'s own descriptor (epoll and kqueue
+    nest), so that a driving caller can take `sel` out of it and the thread sleeps through the
+    messages that caller is waiting for, instead of waking for each one and queueing for the
+    GIL and the drive lock. Selectors without a descriptor are watched directly."""
+    try:
+        fd = sel.fileno()  # type: ignore[attr-defined]
+        sleeper = selectors.DefaultSelector()
+        sleeper.register(fd, selectors.EVENT_READ)
+    except (AttributeError, OSError, ValueError):
+        return sel
+    return sleeper
 
 
 class Op:
@@ -132,7 +152,10 @@ class Engine:
         )
         # A worker's copy of the response cache: agreed request -> id (and back), plus how many
         # CacheDrops it has applied (sent with every frame so rank 0 knows which ids it may use).
-        self._cache_ids: dict[Any, int] = {}
+        # (process set, name) -> (id, request): looked up by name (a short key whose string was
+        # hashed already), then the request compared; a Request is a tuple whose hash is
+        # recomputed at every lookup.
+        self._cache_ids: dict[tuple[int, str], tuple[int, Request]] = {}
         self._cache_sigs: dict[int, Request] = {}
         self._hit_entries: dict[int, Entry] = {}  # what a cache hit's id expands to
         self._drops_seen = 0
@@ -164,6 +187,30 @@ class Engine:
         # True while a worker's engine holds taken requests it has not sent yet: with an empty
         # queue as well, a blocking caller has nothing to flush and need not wake the thread.
         self._holding = False
+        # The engine's rounds run under this lock, in the thread or in a blocked caller (see the
+        # module's docstring); `_caller_drives` says which, `_running` ends them for good.
+        self._drive = threading.Lock()
+        self._caller_drives = False
+        self._running = True
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._wake_r, selectors.EVENT_READ)
+        if worker_socket is not None:
+            self._sel.register(worker_socket, selectors.EVENT_READ)
+        for rank, peer in self._peers.items():
+            self._sel.register(peer, selectors.EVENT_READ, rank)
+        self._sleeper = _sleeper_for(self._sel)
+        # A worker's round state: requests taken but not sent yet, since when, and when it
+        # asked the coordinator to shut down.
+        self._unsent: list[Any] = []
+        self._first_unsent = 0.0
+        self._stopping_since: float | None = None
+        # The coordinator's: why every rank must stop (None while all is well), stall watch.
+        self._shutdown: str | None = None
+        self._stall = (
+            StallInspector(config.stall, self._coordinator)
+            if self._coordinator is not None
+            else None
+        )
         self._single_threaded = threading.Event()
         threads = torch.get_num_threads()
         self._thread = threading.Thread(target=self._main, name="hora-torch-engine", daemon=True)
@@ -237,14 +284,75 @@ class Engine:
         op = self._handles.get(handle)
         if op is None:
             raise ValueError(f"Handle {handle} was not created or has been cleared.")
-        if not op.done and not self._flush and (self._queue or self._holding):
-            self._flush = True
-            self._wake()
-        op.wait()
+        if not op.done:
+            self._wait(op)
         del self._handles[handle]
         if op.error is not None:
             raise op.error
         return op.result
+
+    def _wait(self, op: Op) -> None:
+        """Drive the engine until `op` is done, or wait for whoever drives it now.
+
+        The thread holds the drive lock only for a round (never while it sleeps), so a caller
+        waits for that round to end; another caller may hold it while it waits for its own
+        operation, so then this one is woken by the operation's event instead, as it does not
+        know when that caller will let go (and may need this one's next submission first)."""
+        while not op.done:
+            got = self._drive.acquire(blocking=False)
+            if not got and not self._caller_drives:
+                got = self._drive.acquire(timeout=0.05)
+            if got:
+                try:
+                    self._drive_until(op)
+                finally:
+                    self._drive.release()
+                    self._after_drive()
+                return
+            if self._caller_drives:
+                if not self._flush and (self._queue or self._holding):
+                    self._flush = True
+                    self._wake()
+                op.wait()
+                return
+
+    def _drive_until(self, op: Op) -> None:
+        """Run the engine's rounds in this (caller's) thread until `op` is done."""
+        if not self._running:
+            op.wait()  # the engine has ended: `_fail_all` completes every operation
+            return
+        self._caller_drives = True
+        self._flush = True  # this caller submits nothing until it returns: send what is queued
+        if self._sleeper is not self._sel:
+            self._sleeper.unregister(self._sel.fileno())  # no wake-ups for the thread meanwhile
+        try:
+            with torch.no_grad():  # the data path writes into tensors that may require grad
+                wait: float | None = 0.0
+                while not op.done and self._running:
+                    wait = self._guarded_step(wait)
+        except BaseException as exc:  # e.g. KeyboardInterrupt mid-message: the channel is lost
+            if self._running:
+                self._crash(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._caller_drives = False
+            if self._sleeper is not self._sel:
+                self._sleeper.register(self._sel.fileno(), selectors.EVENT_READ)
+
+    def _after_drive(self) -> None:
+        """Hand the engine back to the thread: wake it if something is left to move (its
+        sleep was computed before this caller's rounds) or if the engine has ended."""
+        coord = self._coordinator
+        if (
+            not self._running
+            or self._queue
+            or self._unsent
+            or self._inflight
+            or self._join_op is not None
+            or (coord is not None and coord.has_pending)
+        ):
+            self._wake()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Tell every rank we are shutting down and wait (bounded) for the thread to finish."""
@@ -256,6 +364,10 @@ class Engine:
             self._wake()
             self._thread.join(timeout)
         self._fail_all(SHUT_DOWN)
+        if not self._thread.is_alive():
+            if self._sleeper is not self._sel:
+                self._sleeper.close()
+            self._sel.close()
         for s in (self._wake_r, self._wake_w, self._sock, *self._peers.values()):
             if s is not None:
                 s.close()
@@ -284,16 +396,39 @@ class Engine:
         # copies and sums are small (Horovod's background thread is single-threaded too).
         torch.set_num_threads(1)
         self._single_threaded.set()
+        wait: float | None = 0.0
+        while True:
+            if wait is None or wait > 0.0:
+                self._sleeper.select(wait)  # only to sleep: the round below looks again, locked
+            with self._drive:
+                if not self._running:
+                    return
+                try:
+                    wait = self._guarded_step(0.0)
+                except Exception:  # _crash has failed every operation already
+                    return
+
+    def _guarded_step(self, timeout: float | None) -> float | None:
+        """One round (the drive lock held); any error ends the engine on every rank."""
         try:
             if self._coordinator is not None:
-                self._run_coordinator()
+                wait = self._coordinator_step(timeout)
             else:
-                self._run_worker()
+                wait = self._worker_step(timeout)
         except Exception as exc:
-            log.debug("hora.torch engine stopped", exc_info=True)
-            reason = f"{SHUT_DOWN} ({type(exc).__name__}: {exc})"
-            self._fail_all(reason)
-            self._tell_peers(reason)
+            self._crash(exc)
+            raise
+        if not self._running:
+            self._wake()  # the thread (asleep, or waiting for the lock) sees it and ends
+        return wait
+
+    def _crash(self, exc: BaseException) -> None:
+        log.debug("hora.torch engine stopped", exc_info=True)
+        self._running = False
+        reason = f"{SHUT_DOWN} ({type(exc).__name__}: {exc})"
+        self._fail_all(reason)
+        self._tell_peers(reason)
+        self._wake()
 
     def _tell_peers(self, reason: str) -> None:
         """Best effort: make the other ranks fail now rather than at their backend's timeout."""
@@ -367,116 +502,120 @@ class Engine:
             return True
         return False
 
-    def _run_worker(self) -> None:
+    def _worker_step(self, timeout: float | None) -> float | None:
+        """A worker's round: take the coordinator's responses (waiting up to `timeout` for
+        them), then send what is due; returns how long the engine may sleep (None: until
+        something arrives)."""
         sock = self._sock
         assert sock is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self._wake_r, selectors.EVENT_READ)
-        sel.register(sock, selectors.EVENT_READ)
-        unsent: list[Any] = []
-        first_unsent = 0.0
-        stopping_since: float | None = None
-        while True:
-            flush, self._flush = self._flush, False  # read before the queue: none is missed
-            now = time.monotonic()
-            for item in self._take_queue():
-                if type(item) is Request or not self._apply_control(item):
-                    if not unsent:
-                        first_unsent = now
-                    unsent.append(item)
-            if unsent and (flush or now >= self._due_at(first_unsent) or _SHUTDOWN in unsent):
-                if _th.recorder.enabled:
-                    _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
-                ids = self._cache_ids  # a cached request travels as its id
-                _channel.send_msg(sock, (self._drops_seen, [ids.get(i, i) for i in unsent]))
-                if _SHUTDOWN in unsent:
-                    stopping_since = now
-                unsent = []
-                self._holding = False
-            if stopping_since is not None and now - stopping_since > self.config.timeout_s:
-                raise ConnectionError("the coordinator did not acknowledge shutdown")
-            timeout = max(0.0, self._due_at(first_unsent) - now) if unsent else None
-            if stopping_since is not None:
-                timeout = 0.5
-            if timeout is None and not self._mark_idle():
+        for key, _ in self._sel.select(timeout):
+            if key.fileobj is self._wake_r:
+                self._drain_wake()
                 continue
-            for key, _ in sel.select(timeout):
-                if key.fileobj is self._wake_r:
-                    self._drain_wake()
-                    continue
-                try:
-                    responses = _channel.recv_msg(sock)
-                except (ConnectionError, OSError) as exc:
-                    raise ConnectionError("lost the connection to rank 0 (coordinator)") from exc
-                if self._handle(responses):
-                    return
-
-    def _run_coordinator(self) -> None:
-        coord = self._coordinator
-        assert coord is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self._wake_r, selectors.EVENT_READ)
-        for rank, peer in self._peers.items():
-            sel.register(peer, selectors.EVENT_READ, rank)
-        shutdown: str | None = None
-        stall = StallInspector(self.config.stall, coord)
-        while True:
-            timeout = stall.wake_in()
-            gather = self._gather_time()
-            if gather is not None:
-                timeout = gather if timeout is None else min(timeout, gather)
-            ready = sel.select(timeout)
+            try:
+                responses = _channel.recv_msg(sock)
+            except (ConnectionError, OSError) as exc:
+                raise ConnectionError("lost the connection to rank 0 (coordinator)") from exc
+            if self._handle(responses):
+                self._running = False
+                return None
+        flush, self._flush = self._flush, False  # read before the queue: none is missed
+        now = time.monotonic()
+        unsent = self._unsent
+        for item in self._take_queue():
+            if type(item) is Request or not self._apply_control(item):
+                if not unsent:
+                    self._first_unsent = now
+                unsent.append(item)
+        if unsent and (flush or now >= self._due_at(self._first_unsent) or _SHUTDOWN in unsent):
             if _th.recorder.enabled:
                 _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
-            for key, _ in ready:
-                if key.fileobj is self._wake_r:
-                    self._drain_wake()
-                    continue
-                rank = key.data
-                try:
-                    drops_seen, items = _channel.recv_msg(key.fileobj)  # type: ignore[arg-type]
-                except (ConnectionError, OSError):
-                    sel.unregister(key.fileobj)
-                    self._peers.pop(rank, None)
-                    shutdown = shutdown or f"{SHUT_DOWN} (rank {rank} disconnected)"
-                    continue
-                for item in items:
-                    if type(item) is int:
-                        coord.submit_cached(rank, item)
-                    elif item == _SHUTDOWN:
-                        shutdown = shutdown or SHUT_DOWN
-                    elif item == _JOIN:
-                        coord.join(rank)
-                    elif type(item) is Shutdown:  # that rank's engine failed
-                        shutdown = shutdown or item.reason
-                    else:
-                        coord.submit(rank, item)
-                coord.ack(rank, drops_seen)
-            for item in self._take_due():
+            ids = self._cache_ids  # a cached request travels as its id
+            sent: list[Any] = []
+            for item in unsent:
                 if type(item) is Request:
-                    coord.submit(0, item)
-                elif self._apply_control(item):
-                    continue
+                    hit = ids.get((item.process_set_id, item.name))
+                    if hit is not None and (hit[1] is item or hit[1] == item):
+                        item = hit[0]
+                sent.append(item)
+            _channel.send_msg(sock, (self._drops_seen, sent))
+            if _SHUTDOWN in unsent:
+                self._stopping_since = now
+            self._unsent = []
+            self._holding = False
+        if self._stopping_since is not None:
+            if now - self._stopping_since > self.config.timeout_s:
+                raise ConnectionError("the coordinator did not acknowledge shutdown")
+            return 0.5
+        if self._unsent:
+            return max(0.0, self._due_at(self._first_unsent) - now)
+        return None if self._mark_idle() else 0.0
+
+    def _coordinator_step(self, timeout: float | None) -> float | None:
+        """Rank 0's round: take the workers' requests (waiting up to `timeout` for them) and
+        its own once due, plan, send the responses and run them; returns how long the engine
+        may sleep (None: until something arrives)."""
+        coord = self._coordinator
+        stall = self._stall
+        assert coord is not None and stall is not None
+        ready = self._sel.select(timeout)
+        if _th.recorder.enabled:
+            _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
+        for key, _ in ready:
+            if key.fileobj is self._wake_r:
+                self._drain_wake()
+                continue
+            rank = key.data
+            try:
+                drops_seen, items = _channel.recv_msg(key.fileobj)  # type: ignore[arg-type]
+            except (ConnectionError, OSError):
+                self._sel.unregister(key.fileobj)
+                self._peers.pop(rank, None)
+                self._shutdown = self._shutdown or f"{SHUT_DOWN} (rank {rank} disconnected)"
+                continue
+            for item in items:
+                if type(item) is int:
+                    coord.submit_cached(rank, item)
                 elif item == _SHUTDOWN:
-                    shutdown = shutdown or SHUT_DOWN
+                    self._shutdown = self._shutdown or SHUT_DOWN
                 elif item == _JOIN:
-                    coord.join(0)
+                    coord.join(rank)
+                elif type(item) is Shutdown:  # that rank's engine failed
+                    self._shutdown = self._shutdown or item.reason
                 else:
-                    coord.submit(0, item)
-            responses: list[Any] = coord.take()
-            if shutdown is None:
-                shutdown = stall.inspect(bool(responses))
-            if shutdown is not None:
-                responses.append(Shutdown(shutdown))
-            if responses:
-                payload = _channel.pack(responses)
-                for peer in list(self._peers.values()):
-                    try:
-                        _channel.send_payload(peer, payload)
-                    except OSError:
-                        shutdown = shutdown or SHUT_DOWN
-                if self._handle(responses):
-                    return
+                    coord.submit(rank, item)
+            coord.ack(rank, drops_seen)
+        for item in self._take_due():
+            if type(item) is Request:
+                coord.submit(0, item)
+            elif self._apply_control(item):
+                continue
+            elif item == _SHUTDOWN:
+                self._shutdown = self._shutdown or SHUT_DOWN
+            elif item == _JOIN:
+                coord.join(0)
+            else:
+                coord.submit(0, item)
+        responses: list[Any] = coord.take()
+        if self._shutdown is None:
+            self._shutdown = stall.inspect(bool(responses))
+        if self._shutdown is not None:
+            responses.append(Shutdown(self._shutdown))
+        if responses:
+            payload = _channel.pack(responses)
+            for peer in list(self._peers.values()):
+                try:
+                    _channel.send_payload(peer, payload)
+                except OSError:
+                    self._shutdown = self._shutdown or SHUT_DOWN
+            if self._handle(responses):
+                self._running = False
+                return None
+        wait = stall.wake_in()
+        gather = self._gather_time()
+        if gather is not None:
+            wait = gather if wait is None else min(wait, gather)
+        return wait
 
     def _handle(self, responses: list[Response | Shutdown]) -> bool:
         """Apply the coordinator's decisions in order; True once the engine must stop."""
@@ -497,8 +636,9 @@ class Engine:
                     for cid in resp.ids:
                         self._hit_entries.pop(cid, None)
                         sig = self._cache_sigs.pop(cid, None)
-                        if sig is not None and self._cache_ids.get(sig) == cid:
-                            del self._cache_ids[sig]
+                        key = (sig.process_set_id, sig.name) if sig is not None else None
+                        if key is not None and self._cache_ids.get(key, (-1,))[0] == cid:
+                            del self._cache_ids[key]
                     self._drops_seen += 1
             elif isinstance(resp, Failure):
                 info = self.process_sets.get(resp.process_set_id)
@@ -527,7 +667,8 @@ class Engine:
         expand(bucket, self._cache_sigs, info.ranks if info is not None else (), self._hit_entries)
         for e in bucket.entries:
             if e.cache_id >= 0:
-                self._cache_ids[self._cache_sigs[e.cache_id]] = e.cache_id
+                req = self._cache_sigs[e.cache_id]
+                self._cache_ids[(req.process_set_id, req.name)] = (e.cache_id, req)
 
     def _member(self, bucket: Bucket) -> bool:
         info = self.process_sets.get(bucket.process_set_id)
@@ -566,8 +707,8 @@ class Engine:
                 if op is not None:
                     op.complete(error=error)
             raise
-        for entry, op in zip(bucket.entries, ops, strict=True):
-            if queued:
+        if queued:
+            for entry in bucket.entries:
                 ref = entry.ref
                 rec.end(
                     entry.name,
@@ -578,6 +719,8 @@ class Engine:
                         "bytes": ref.nbytes,
                     },
                 )
+        waiters = []
+        for op in ops:
             if op is None:
                 continue
             try:
@@ -585,13 +728,12 @@ class Engine:
             except Exception as exc:  # a finishing step (e.g. a copy) failed on this rank only
                 op.error = exc
             op.done = True
+            if op._event is not None:  # read after `done` was set: see Op
+                waiters.append(op._event)
         # Waiters are woken once every operation of the bucket is done: a caller synchronizing
         # them in turn then blocks (and is woken, a thread hand-over) once, not once per op.
-        for op in ops:
-            if op is not None:
-                event = op._event  # read after `done` was set: see Op
-                if event is not None:
-                    event.set()
+        for event in waiters:
+            event.set()
 
     def _fail_all(self, reason: str) -> None:
         with self._lock:

@@ -71,10 +71,14 @@ class FusionBuffer:
         self._buffers: dict[torch.dtype, torch.Tensor] = {}
         self._layouts: dict[tuple[Any, ...], tuple[torch.Tensor, list[torch.Tensor]]] = {}
 
-    def views(self, tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """The flat buffer for `tensors` (same dtype, CPU) and views of it shaped like each."""
+    def views(
+        self, tensors: list[torch.Tensor], layout: tuple[Any, ...] | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The flat buffer for `tensors` (same dtype, CPU) and views of it shaped like each.
+        `layout`: a key that fixes dtype and shapes (the entries' cache ids), cheaper to build
+        than the shapes themselves."""
         dtype = tensors[0].dtype
-        key = (dtype, *[t.shape for t in tensors])
+        key = (dtype, layout) if layout is not None else (dtype, *[t.shape for t in tensors])
         hit = self._layouts.get(key)
         if hit is not None:
             return hit
@@ -244,7 +248,75 @@ def _collective(
     _end(names, phase)
 
 
+def _layout(bucket: Bucket) -> tuple[Any, ...] | None:
+    """A bucket of response-cache hits only is laid out by its ids: an id stands for one
+    request (dtypes and shapes included) and is never reused for another."""
+    ids = tuple([e.cached for e in bucket.entries])
+    return None if -1 in ids else ids
+
+
+def _allreduce_in_place(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo) -> bool:
+    """The common bucket (a step's gradients): this rank's CPU tensors, one per entry, of one
+    dtype that reduces as itself, all in place. Runs it through the persistent fusion buffer
+    with none of the general path's per-tensor bookkeeping; False: not such a bucket."""
+    tensors: list[torch.Tensor] = []
+    dtype = None
+    for op in ops:
+        if op is None or not op.inplace or len(op.tensors) != 1:
+            return False
+        t = op.tensors[0]
+        if t.dtype is not dtype:
+            if dtype is not None:
+                return False
+            dtype = t.dtype
+        tensors.append(t)
+    if dtype is None or reduce_dtype(dtype, "cpu") != dtype:
+        return False
+    ref = bucket.entries[0].ref
+    timed = _th.recorder.enabled
+    names = [e.name for e in bucket.entries] if timed else []
+    _begin(names, "MEMCPY_IN_FUSION_BUFFER")
+    layout = _layout(bucket)
+    work, views = info.fusion.views(tensors, layout)
+    local = info.local if info.size > 1 else None
+    if local is not None and ref.prescale == 1.0 and local.fits(work.nbytes):
+        _end(names, "MEMCPY_IN_FUSION_BUFFER")  # into the shared segment, in the reduction
+        _begin(names, "SHM_ALLREDUCE")
+        local.allreduce_from_(tensors, layout or (dtype, *[t.shape for t in tensors]), work, ref.op)
+        stats["allreduce_calls"] += 1
+        stats["shm_allreduce_calls"] += 1
+        _end(names, "SHM_ALLREDUCE")
+    else:
+        torch._foreach_copy_(views, tensors)
+        scale_(work, ref.prescale)
+        _end(names, "MEMCPY_IN_FUSION_BUFFER")
+        _reduce_work(names, work, ref.op, info, "cpu")
+    scale_(work, ref.postscale / info.size if ref.op == Average else ref.postscale)
+    _begin(names, "MEMCPY_OUT_FUSION_BUFFER")
+    torch._foreach_copy_(tensors, views)
+    for op in ops:
+        op.outputs = op.tensors  # type: ignore[union-attr]
+    _end(names, "MEMCPY_OUT_FUSION_BUFFER")
+    return True
+
+
+def _reduce_work(
+    names: list[str], work: torch.Tensor, op: int, info: GroupInfo, device: str
+) -> None:
+    """Reduce one packed buffer across the set: shared memory on one host, else the backend."""
+    if info.size > 1 and device == "cpu" and info.local is not None:
+        _begin(names, "SHM_ALLREDUCE")
+        info.local.allreduce_(work, op)
+        stats["allreduce_calls"] += 1
+        stats["shm_allreduce_calls"] += 1
+        _end(names, "SHM_ALLREDUCE")
+    elif info.size > 1:
+        _collective(names, ALLREDUCE, info, device, dist.all_reduce, work, op=_REDUCE_OPS[op])
+
+
 def _allreduce(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
+    if device == "cpu" and len(ops) > 1 and _allreduce_in_place(bucket, ops, info):
+        return
     ref = bucket.entries[0].ref
     names = [e.name for e in bucket.entries]
     inputs = _local_tensors(bucket, ops, device)
@@ -288,16 +360,7 @@ def _allreduce(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, devic
                 offset += t.numel()
         scale_(work, ref.prescale)
         _end(names, "MEMCPY_IN_FUSION_BUFFER")
-        if info.size > 1 and device == "cpu" and info.local is not None:
-            _begin(names, "SHM_ALLREDUCE")
-            info.local.allreduce_(work, ref.op)
-            stats["allreduce_calls"] += 1
-            stats["shm_allreduce_calls"] += 1
-            _end(names, "SHM_ALLREDUCE")
-        elif info.size > 1:
-            _collective(
-                names, ALLREDUCE, info, device, dist.all_reduce, work, op=_REDUCE_OPS[ref.op]
-            )
+        _reduce_work(names, work, ref.op, info, device)
         scale_(work, post)
         _begin(names, "MEMCPY_OUT_FUSION_BUFFER")
         if persistent:

@@ -23,11 +23,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._utils import _unflatten_dense_tensors
 
 from hora._channel import Connection
 from hora.collectives._common import Average, Max, Min, Product, Sum
 
 SLOT_BYTES = 4 << 20  # per rank and half: 2 ranks map 16 MB in all
+MAX_LAYOUTS = 64  # bucket layouts whose slot views are kept, per half
 MESH_TIMEOUT_S = 10.0  # for connecting: every rank is alive (they just met in a gloo collective)
 _RANK = struct.Struct("!I")
 _REDUCE = {
@@ -49,6 +51,8 @@ class LocalReducer:
         self._size = size
         self._peers = peers  # one socket per other rank, in rank order
         self._chunks = 0  # chunks reduced so far: which half the next one uses
+        # (half, layout) -> views of this rank's slot shaped like a bucket's tensors
+        self._views: dict[tuple[int, Any], list[torch.Tensor]] = {}
 
     def _slot(self, half: int, rank: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
         start = (half * self._size + rank) * SLOT_BYTES
@@ -77,6 +81,32 @@ class LocalReducer:
             reduce(slots[0], slots[1], out=piece)
             for other in slots[2:]:
                 reduce(piece, other, out=piece)
+
+    def fits(self, nbytes: int) -> bool:
+        return nbytes <= SLOT_BYTES
+
+    def allreduce_from_(
+        self, tensors: list[torch.Tensor], layout: Any, out: torch.Tensor, op: int
+    ) -> None:
+        """Reduce `tensors` (one dtype, `fits` their bytes) into the flat `out`: they are
+        copied straight into this rank's slot (views made once per layout and half), which
+        saves the copy into a fusion buffer and from there into the slot."""
+        half = self._chunks % 2
+        self._chunks += 1
+        dtype, n = out.dtype, out.numel()
+        views = self._views.get((half, layout))
+        if views is None:
+            if len(self._views) >= 2 * MAX_LAYOUTS:
+                self._views.clear()
+            mine = self._slot(half, self._index, dtype, n)
+            views = self._views[(half, layout)] = list(_unflatten_dense_tensors(mine, tensors))
+        torch._foreach_copy_(views, tensors)
+        self._barrier()
+        reduce = _REDUCE[op]
+        slots = [self._slot(half, r, dtype, n) for r in range(self._size)]
+        reduce(slots[0], slots[1], out=out)
+        for other in slots[2:]:
+            reduce(out, other, out=out)
 
     def close(self) -> None:
         for peer in self._peers:

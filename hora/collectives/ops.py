@@ -75,6 +75,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+# Full names ("allreduce.<name>") made once per name and reused: every later lookup of the same
+# string object (the engine's, the coordinator's, their cache keys) finds its hash computed and
+# compares by identity. A training loop submits the same few hundred names every step.
+_FULL_NAMES: dict[tuple[str, str], str] = {}
+_MAX_FULL_NAMES = 1 << 16
+
+
+def _full_name(kind: str, name: str) -> str:
+    if len(_FULL_NAMES) >= _MAX_FULL_NAMES:
+        _FULL_NAMES.clear()  # names made per call (a counter in them): never let them pile up
+    full = _FULL_NAMES[(kind, name)] = f"{kind}.{name}"
+    return full
+
+
 def _submit(
     kind: str,
     tensors: Tensors,
@@ -94,23 +108,45 @@ def _submit(
     """Build the request and hand it to the engine (`flush`: see `Engine.submit`). Every
     operation pays this (a model's 200 small gradients: 200 times a step), hence plain loops
     and cached dtype names."""
-    _check_tensors(tensors, grouped)
-    state, _ = _group(process_set)
-    engine = state.engine
+    state = _state.current
     ps_id: int = process_set.process_set_id  # type: ignore[assignment]
-    full = f"{kind}.{name}" if name is not None else engine.generated_name(kind, ps_id)
-    dtypes, shapes, nbytes = [], [], 0
-    for t in tensors:
-        dtypes.append(_dtype_name(t.dtype))
-        shapes.append(tuple(t.shape))
-        nbytes += t.nbytes  # one call, not numel() * element_size()
-    device = "cuda" if tensors and tensors[0].is_cuda else "cpu"
+    if (
+        state is None
+        or state.process_sets.get(ps_id) is not process_set
+        or state.groups[ps_id].index < 0
+    ):
+        _group(process_set)  # raises the error that says what is wrong
+    engine = state.engine  # type: ignore[union-attr]
+    if name is None:
+        full = engine.generated_name(kind, ps_id)
+    else:
+        full = _FULL_NAMES.get((kind, name))  # type: ignore[assignment]
+        if full is None:
+            full = _full_name(kind, name)
+    if len(tensors) == 1:  # most calls: the checks and the request's fields inline
+        t = tensors[0]
+        if not isinstance(t, torch.Tensor) or not t.is_contiguous() or t.is_sparse:
+            _check_tensors(tensors, grouped)
+        dtype = t.dtype
+        dtypes: tuple[str, ...] = (_DTYPE_NAMES.get(dtype) or _dtype_name(dtype),)
+        shapes: tuple[tuple[int, ...], ...] = (tuple(t.shape),)
+        nbytes = t.nbytes  # one call, not numel() * element_size()
+        device = "cuda" if t.is_cuda else "cpu"
+    else:
+        _check_tensors(tensors, grouped)
+        names, sizes, nbytes = [], [], 0
+        for t in tensors:
+            names.append(_dtype_name(t.dtype))
+            sizes.append(tuple(t.shape))
+            nbytes += t.nbytes
+        dtypes, shapes = tuple(names), tuple(sizes)
+        device = "cuda" if tensors and tensors[0].is_cuda else "cpu"
     request = Request(
         full,
         kind,
         ps_id,
-        tuple(dtypes),
-        tuple(shapes),
+        dtypes,
+        shapes,
         device,
         nbytes,
         op,

@@ -118,8 +118,8 @@ def _ranks_job() -> dict[str, object]:
         out["cache"] = {name: cid for (_, name), cid in coord.cache_ids().items()}
         out["cached_submissions"] = coord.cached_submissions
     else:
-        out["cache"] = {sig.name: cid for sig, cid in engine._cache_ids.items()}
-        assert {cid: sig.name for sig, cid in engine._cache_ids.items()} == {
+        out["cache"] = {name: cid for (_, name), (cid, _) in engine._cache_ids.items()}
+        assert {cid: sig.name for cid, sig in engine._cache_ids.values()} == {
             cid: sig.name for cid, sig in engine._cache_sigs.items()
         }
     return out
