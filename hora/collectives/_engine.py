@@ -52,6 +52,9 @@ DEFAULT_CACHE_CAPACITY = 1024
 # not cut off mid-way (every extra bucket costs both ranks a round of negotiation and a barrier),
 # but at most this many cycles after the first one: a caller that never blocks is still served.
 GATHER_CYCLES = 5
+# How long rank 0 keeps a round of cache ids aside waiting for the other ranks' same round
+# (`Coordinator.offer`) before it submits them one by one, where the stall inspector sees them.
+STASH_WAIT_S = 0.25
 
 
 def cache_capacity() -> int:
@@ -350,7 +353,7 @@ class Engine:
             or self._unsent
             or self._inflight
             or self._join_op is not None
-            or (coord is not None and coord.has_pending)
+            or (coord is not None and coord.has_pending())
         ):
             self._wake()
 
@@ -573,6 +576,10 @@ class Engine:
                 self._peers.pop(rank, None)
                 self._shutdown = self._shutdown or f"{SHUT_DOWN} (rank {rank} disconnected)"
                 continue
+            repeated = items and type(items[0]) is int and all(type(i) is int for i in items)
+            if repeated and coord.offer(rank, tuple(items), time.monotonic()):
+                coord.ack(rank, drops_seen)
+                continue
             for item in items:
                 if type(item) is int:
                     coord.submit_cached(rank, item)
@@ -585,7 +592,12 @@ class Engine:
                 else:
                     coord.submit(rank, item)
             coord.ack(rank, drops_seen)
-        for item in self._take_due():
+        own = self._take_due()
+        if own:
+            ids = coord.own_ids(own)
+            if ids is not None and coord.offer(0, ids, time.monotonic()):
+                own = []
+        for item in own:
             if type(item) is Request:
                 coord.submit(0, item)
             elif self._apply_control(item):
@@ -596,6 +608,9 @@ class Engine:
                 coord.join(0)
             else:
                 coord.submit(0, item)
+        age = coord.stash_age(time.monotonic())
+        if age is not None and age >= STASH_WAIT_S:
+            coord.spill()  # a rank is late or differs: let the stall inspector see who
         responses: list[Any] = coord.take()
         if self._shutdown is None:
             self._shutdown = stall.inspect(bool(responses))
@@ -615,6 +630,10 @@ class Engine:
         gather = self._gather_time()
         if gather is not None:
             wait = gather if wait is None else min(wait, gather)
+        age = coord.stash_age(time.monotonic())
+        if age is not None:
+            left = max(0.0, STASH_WAIT_S - age)
+            wait = left if wait is None else min(wait, left)
         return wait
 
     def _handle(self, responses: list[Response | Shutdown]) -> bool:

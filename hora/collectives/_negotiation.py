@@ -227,9 +227,17 @@ class Coordinator:
         self._drop_seq = 0  # CacheDrop messages sent so far
         self._acked: dict[int, int] = {r: 0 for r in range(1, size)}
         self.cached_submissions = 0  # requests that arrived as a cache id (tests read it)
+        # Repeated rounds (see `offer`): the rounds set aside, since when, and the buckets
+        # planned before for a sequence of ids (forgotten whenever an id is dropped).
+        self._stash: dict[int, tuple[int, ...]] = {}
+        self._stash_since = 0.0
+        self._plans: dict[tuple[int, ...], list[Bucket]] = {}
+        self.repeated_rounds = 0  # rounds answered from `_plans` (tests read it)
 
     def set_process_set(self, process_set_id: int, ranks: tuple[int, ...] | None) -> None:
         """Register (or with None, forget) a process set; every rank does the same in order."""
+        self.spill()
+        self._plans.clear()
         if ranks is None:
             self.members.pop(process_set_id, None)
             for key in [k for k in self._cache if k[0] == process_set_id]:
@@ -247,6 +255,78 @@ class Coordinator:
                 raise RuntimeError(f"unknown response-cache id {cache_id}")
             req = retired[0]
         return req
+
+    # ----- repeated rounds ---------------------------------------------------------------------
+    def offer(self, rank: int, ids: tuple[int, ...], now: float) -> bool:
+        """A training step submits the same operations in the same order every time, and once
+        they are cached every rank sends rank 0 nothing but their ids. Such a round is set
+        aside (True) while every rank's round so far is the very same sequence of ids, with
+        nothing else pending; once all have it, `take` answers with the buckets planned for
+        that sequence before, instead of matching each operation again (Horovod agrees on
+        cached responses with a bit vector, without its coordinator, to the same end).
+        False: submit them one by one, as usual (whatever was set aside went that way too)."""
+        if not ids or self._pending or self._out or self._joined or rank in self._stash:
+            self.spill()
+            return False
+        if self._stash:
+            if ids != next(iter(self._stash.values())):
+                self.spill()
+                return False
+        else:
+            self._stash_since = now
+        self._stash[rank] = ids
+        return True
+
+    def own_ids(self, items: list[object]) -> tuple[int, ...] | None:
+        """Rank 0's own round as cache ids, or None unless every item is a cached request."""
+        ids = []
+        cache = self._cache
+        for req in items:
+            if type(req) is not Request:
+                return None
+            hit = cache.get((req.process_set_id, req.name))
+            if hit is None or not (hit[1] is req or hit[1] == req):
+                return None
+            ids.append(hit[0])
+        return tuple(ids)
+
+    def spill(self) -> None:
+        """Submit what was set aside one by one (a round differed, or it waited too long)."""
+        if not self._stash:
+            return
+        stash, self._stash = self._stash, {}
+        for rank, ids in stash.items():
+            for cid in ids:
+                if rank == 0:
+                    self.submit(0, self.resolve(cid))
+                else:
+                    self.submit_cached(rank, cid)
+
+    def stash_age(self, now: float) -> float | None:
+        """How long the oldest round set aside has waited (None: none is)."""
+        return now - self._stash_since if self._stash else None
+
+    def _repeated_round(self) -> list[Bucket] | None:
+        """The buckets for a round every rank set aside, planned once per sequence of ids."""
+        if len(self._stash) < self.size:
+            return None
+        ids = self._stash[0]
+        plan = self._plans.get(ids)
+        if plan is None:
+            members = self.members[0]
+            ready: list[tuple[int, str, dict[int, Request], int, int]] = []
+            for cid in ids:
+                req = self._by_id.get(cid)
+                if req is None or req.process_set_id != 0:
+                    return None  # dropped meanwhile, or another set's: one by one
+                ready.append((0, req.name, dict.fromkeys(members, req), -1, cid))
+            if len(self._plans) >= 64:
+                self._plans.clear()
+            plan = self._plans[ids] = self._plan(ready)
+        self._stash = {}
+        self.repeated_rounds += 1
+        self.cached_submissions += (self.size - 1) * len(ids)
+        return list(plan)
 
     def submit_cached(self, rank: int, cache_id: int) -> None:
         self.cached_submissions += 1
@@ -266,6 +346,7 @@ class Coordinator:
         return {key: cid for key, (cid, _) in self._cache.items()}
 
     def _drop(self, key: tuple[int, str]) -> None:
+        self._plans.clear()
         cid, req = self._cache.pop(key)
         del self._by_id[cid]
         self._hit_plans.pop(cid, None)
@@ -301,9 +382,11 @@ class Coordinator:
         return self._joined
 
     def has_pending(self) -> bool:
-        return bool(self._pending)
+        return bool(self._pending or self._stash)
 
     def submit(self, rank: int, req: Request) -> None:
+        if self._stash:
+            self.spill()  # first, in the order the rounds came
         key = (req.process_set_id, req.name)
         members = self.members.get(req.process_set_id)
         if members is None:
@@ -322,6 +405,7 @@ class Coordinator:
             self._check(key)
 
     def join(self, rank: int) -> None:
+        self.spill()
         self._joined[rank] = None
         for key in list(self._pending):
             self._check(key)
@@ -373,6 +457,12 @@ class Coordinator:
 
     def take(self) -> list[Response]:
         """Everything decided since the last call, ready operations cut into fusion buckets."""
+        if self._stash:
+            repeated = self._repeated_round()
+            if repeated is not None:
+                return repeated  # type: ignore[return-value]
+            if len(self._stash) == self.size:
+                self.spill()  # an id no longer cached: planned one by one below
         out, self._out = self._out, []
         responses: list[Response] = []
         run: list[tuple[int, str, dict[int, Request], int, int]] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import pytest
 
@@ -83,6 +84,69 @@ def test_capacity_evicts_the_least_recently_used() -> None:
     assert c.cache_ids() == {(0, "a"): ids["a"], (0, "c"): bucket.entries[0].cache_id}
 
 
+def _cached(c: Coordinator, names: list[str]) -> list[int]:
+    """Agree on `names` once (both ranks of a world of two); their cache ids, in order."""
+    for name in names:
+        c.submit(0, req(name))
+        c.submit(1, req(name))
+    return [e.cache_id for b in c.take() if isinstance(b, Bucket) for e in b.entries]
+
+
+def test_a_repeated_round_is_answered_from_its_plan() -> None:
+    c = Coordinator(2, 1 << 20, cache_capacity=8)
+    ids = tuple(_cached(c, ["a", "b", "c"]))
+    for _ in range(2):
+        own = c.own_ids([req("a"), req("b"), req("c")])
+        assert own == ids
+        assert c.offer(0, own, now=0.0) and c.take() == []  # rank 1's round is still to come
+        assert c.has_pending()
+        assert c.offer(1, ids, now=0.0)
+        (bucket,) = c.take()
+        assert [e.name for e in bucket.entries] == ["a", "b", "c"]
+        assert [e.cached for e in bucket.entries] == list(ids)  # they travel as ids
+        assert not c.has_pending()
+    assert c.repeated_rounds == 2 and c.cached_submissions == 6
+    assert c.own_ids([req("a"), req("b", shape=(5,))]) is None  # not the cached request
+
+
+def test_rounds_that_differ_are_matched_one_by_one() -> None:
+    c = Coordinator(2, 1 << 20, cache_capacity=8)
+    a, b = _cached(c, ["a", "b"])
+    assert c.offer(0, (a, b), now=0.0)
+    assert not c.offer(1, (b, a), now=0.0)  # another order: both rounds go one by one
+    for cid in (b, a):
+        c.submit_cached(1, cid)
+    (bucket,) = c.take()
+    assert sorted(e.name for e in bucket.entries) == ["a", "b"] and c.repeated_rounds == 0
+    assert c.offer(1, (a,), now=1.0)  # a round set aside ...
+    c.submit(0, req("new"))  # ... goes one by one as soon as anything else is submitted
+    assert c.pending[(0, "a")] == {1: req("a")}
+    c.submit(0, req("a"))
+    names = [e.name for b in c.take() for e in b.entries]
+    assert names == ["a"] and set(c.pending) == {(0, "new")}
+
+
+def test_a_round_left_waiting_is_spilled_where_the_stall_inspector_sees_it() -> None:
+    c = Coordinator(2, 1 << 20, cache_capacity=8)
+    (a,) = _cached(c, ["a"])
+    assert c.offer(1, (a,), now=10.0)
+    assert c.stash_age(10.5) == 0.5 and c.pending == {}
+    c.spill()
+    assert c.pending == {(0, "a"): {1: req("a")}} and c.stash_age(11.0) is None
+
+
+def test_a_dropped_id_is_planned_one_by_one() -> None:
+    c = Coordinator(2, 1 << 20, cache_capacity=1)
+    (a,) = _cached(c, ["a"])
+    assert c.offer(0, (a,), now=0.0) and c.offer(1, (a,), now=0.0)
+    c.take()  # planned and remembered
+    _cached(c, ["b"])  # evicts "a": its plan is forgotten with it
+    assert c.offer(0, (a,), now=0.0) and c.offer(1, (a,), now=0.0)
+    bucket, *_ = c.take()  # "a" matched again in full, and cached anew
+    assert isinstance(bucket, Bucket) and [e.name for e in bucket.entries] == ["a"]
+    assert bucket.entries[0].cache_id >= 0 and c.repeated_rounds == 1
+
+
 def _ranks_job() -> dict[str, object]:
     """Runs on every rank: hits, a mismatch on the last rank only, eviction at capacity 3."""
     os.environ["HOROVOD_CACHE_CAPACITY"] = "3"
@@ -135,3 +199,52 @@ def test_cache_across_ranks(np: int) -> None:
     assert set(caches[0]) <= {f"allreduce.e{k}" for k in range(6)}
     # workers sent ids for the repeated "a" rounds and the repeated "e*" batches that hit
     assert results[0]["cached_submissions"] >= 2 * (np - 1)
+
+
+def _repeated_rounds_job() -> dict[str, object]:
+    """Runs on every rank: steps of the same grouped and single allreduces (repeated rounds),
+    then steps whose order differs per rank, then a round that one rank never completes."""
+    os.environ["HOROVOD_STALL_CHECK_TIME_SECONDS"] = "1"
+    os.environ["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = "2"
+    import torch
+
+    import hora.torch as hvd
+    from hora.collectives import _state
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    names = [f"g{k}" for k in range(8)]
+    for step in range(6):
+        ts = [torch.full((k + 1,), float(r + step)) for k in range(8)]
+        handles = [
+            hvd.allreduce_async_(t, op=hvd.Sum, name=nm) for t, nm in zip(ts, names, strict=True)
+        ]
+        for k, h in enumerate(handles):
+            want = sum(float(q + step) for q in range(n))
+            assert torch.equal(hvd.synchronize(h), torch.full((k + 1,), want)), (step, k)
+    for _ in range(3):  # the same names, in another order on the last rank
+        order = names[::-1] if r == n - 1 else names
+        handles = {nm: hvd.allreduce_async(torch.ones(4), op=hvd.Sum, name=nm) for nm in order}
+        for nm in names:
+            assert torch.equal(hvd.synchronize(handles[nm]), torch.full((4,), float(n)))
+    coord = _state.get().engine._coordinator
+    out: dict[str, object] = {}
+    if coord is not None:
+        out["repeated"] = coord.repeated_rounds
+    try:
+        if r != 0:  # a cached name whose round rank 0 never sends
+            hvd.allreduce(torch.ones(4), name="g0")
+        else:
+            time.sleep(5)  # rank 1 is stopped after 2 s
+            hvd.allreduce(torch.ones(4), name="after")
+    except hvd.HorovodInternalError as exc:
+        out["error"] = str(exc)
+    return out
+
+
+def test_repeated_rounds_across_ranks() -> None:
+    r0, r1 = hora.run(_repeated_rounds_job, np=2)
+    assert r0["repeated"] >= 4, r0  # the steps after the first, and the lone "g0" never ran
+    for res in (r0, r1):  # the round set aside was spilled where the stall inspector saw it
+        assert "tensor 'allreduce.g0' waiting for" in res["error"], res
+        assert "ready on ranks [1], missing on ranks [0]" in res["error"], res
