@@ -194,6 +194,7 @@ class Engine:
         # module's docstring); `_caller_drives` says which, `_running` ends them for good.
         self._drive = threading.Lock()
         self._caller_drives = False
+        self.rounds = 0  # rounds run so far, by anyone (tests read it: an idle engine sleeps)
         self._running = True
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._wake_r, selectors.EVENT_READ)
@@ -353,7 +354,7 @@ class Engine:
             or self._unsent
             or self._inflight
             or self._join_op is not None
-            or (coord is not None and coord.has_pending())
+            or (coord is not None and (coord.has_pending() or coord.stash_age(0.0) is not None))
         ):
             self._wake()
 
@@ -413,6 +414,7 @@ class Engine:
 
     def _guarded_step(self, timeout: float | None) -> float | None:
         """One round (the drive lock held); any error ends the engine on every rank."""
+        self.rounds += 1
         try:
             if self._coordinator is not None:
                 wait = self._coordinator_step(timeout)

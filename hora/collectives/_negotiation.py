@@ -382,7 +382,8 @@ class Coordinator:
         return self._joined
 
     def has_pending(self) -> bool:
-        return bool(self._pending or self._stash)
+        """Operations some member still owes (rounds set aside by `offer` are not counted)."""
+        return bool(self._pending)
 
     def submit(self, rank: int, req: Request) -> None:
         if self._stash:

@@ -189,7 +189,7 @@ class StallInspector:
         if progressed:
             self._progressed = True
         if not coord.has_pending() and not coord.joined:
-            if self._seen or self._join_since is not None:
+            if self._seen or self._join_since is not None or self._unsampled:
                 self._reset()
             return None
         now = self._clock()

@@ -99,12 +99,12 @@ def test_a_repeated_round_is_answered_from_its_plan() -> None:
         own = c.own_ids([req("a"), req("b"), req("c")])
         assert own == ids
         assert c.offer(0, own, now=0.0) and c.take() == []  # rank 1's round is still to come
-        assert c.has_pending()
+        assert c.stash_age(0.5) == 0.5 and not c.has_pending()  # set aside, not pending
         assert c.offer(1, ids, now=0.0)
         (bucket,) = c.take()
         assert [e.name for e in bucket.entries] == ["a", "b", "c"]
         assert [e.cached for e in bucket.entries] == list(ids)  # they travel as ids
-        assert not c.has_pending()
+        assert c.stash_age(1.0) is None
     assert c.repeated_rounds == 2 and c.cached_submissions == 6
     assert c.own_ids([req("a"), req("b", shape=(5,))]) is None  # not the cached request
 
@@ -227,10 +227,15 @@ def _repeated_rounds_job() -> dict[str, object]:
         handles = {nm: hvd.allreduce_async(torch.ones(4), op=hvd.Sum, name=nm) for nm in order}
         for nm in names:
             assert torch.equal(hvd.synchronize(handles[nm]), torch.full((4,), float(n)))
-    coord = _state.get().engine._coordinator
+    engine = _state.get().engine
+    coord = engine._coordinator
     out: dict[str, object] = {}
     if coord is not None:
         out["repeated"] = coord.repeated_rounds
+    before = engine.rounds
+    time.sleep(0.5)
+    out["idle rounds"] = engine.rounds - before  # nothing to do: the engine sleeps
+    hvd.barrier()
     try:
         if r != 0:  # a cached name whose round rank 0 never sends
             hvd.allreduce(torch.ones(4), name="g0")
@@ -245,6 +250,7 @@ def _repeated_rounds_job() -> dict[str, object]:
 def test_repeated_rounds_across_ranks() -> None:
     r0, r1 = hora.run(_repeated_rounds_job, np=2)
     assert r0["repeated"] >= 4, r0  # the steps after the first, and the lone "g0" never ran
+    assert r0["idle rounds"] <= 2 and r1["idle rounds"] <= 2, (r0, r1)
     for res in (r0, r1):  # the round set aside was spilled where the stall inspector saw it
         assert "tensor 'allreduce.g0' waiting for" in res["error"], res
         assert "ready on ranks [1], missing on ranks [0]" in res["error"], res
