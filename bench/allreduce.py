@@ -15,7 +15,7 @@ thread, the hand-off. Throughput is algorithm bandwidth: tensor bytes / seconds 
 `--gc-freeze` moves the objects made so far out of the collector's sight in this bench's
 processes (the library never touches interpreter settings).
 
-    .venv/bin/python bench/allreduce.py [--sizes-mb 1 16 64] [--rounds 7] [--no-shm]
+    .venv/bin/python bench/allreduce.py [--sizes-mb 1 16 64] [--rounds 7] [--no-shm] [--fusion-reps 10]
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def _raw_out_of_place(t: object) -> object:
     return out
 
 
-def _fusion(rounds: int, count: int = 200, nbytes: int = 4096) -> dict[str, list[float]]:
+def _fusion(
+    rounds: int, reps: int = 10, count: int = 200, nbytes: int = 4096
+) -> dict[str, list[float]]:
     """`count` small allreduces: hvd async + synchronize vs raw separate calls vs raw fused."""
     import torch
     import torch.distributed as dist
@@ -74,16 +76,18 @@ def _fusion(rounds: int, count: int = 200, nbytes: int = 4096) -> dict[str, list
             dist.all_reduce(t)
 
     sides = {"hvd fused": hvd_side, "raw fused": raw_fused, "raw separate": raw_separate}
-    # Batches per side and round: one batch lasts a few ms, so a round of one batch per side is
-    # decided by a single scheduling hiccup; the slow raw-separate side is context only.
-    reps = {"hvd fused": 10, "raw fused": 10, "raw separate": 1}
+    # Batches per side and round (`reps`, --fusion-reps): one batch lasts a few ms, so a round of
+    # one batch per side is decided by a single scheduling hiccup. With 1 the sides alternate
+    # batch by batch, each starting with caches the other side used. The slow raw-separate side
+    # is context only: one batch per round.
+    per_side = {"hvd fused": reps, "raw fused": reps, "raw separate": 1}
     for fn in sides.values():
         fn()
     times: dict[str, list[float]] = {k: [] for k in sides}
     for r in range(rounds):
         for key in list(sides) if r % 2 == 0 else list(reversed(sides)):
             batches = []
-            for _ in range(reps[key]):
+            for _ in range(per_side[key]):
                 dist.barrier()
                 start = time.perf_counter()
                 sides[key]()
@@ -95,7 +99,7 @@ def _fusion(rounds: int, count: int = 200, nbytes: int = 4096) -> dict[str, list
 
 
 def worker(
-    sizes_mb: list[float], rounds: int, gc_freeze: bool = False
+    sizes_mb: list[float], rounds: int, gc_freeze: bool = False, fusion_reps: int = 10
 ) -> dict[Any, dict[str, list[float]]]:
     import gc
 
@@ -132,7 +136,7 @@ def worker(
                 times[key].append((time.perf_counter() - start) / calls)
             t.fill_(1.0)  # keep values finite across repeated sums
         out[mb] = times
-    out["fusion"] = _fusion(rounds)
+    out["fusion"] = _fusion(rounds, fusion_reps)
     hvd.shutdown()
     return out
 
@@ -143,13 +147,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--gc-freeze", action="store_true")
     parser.add_argument(
+        "--fusion-reps", type=int, default=10, help="200 x 4 KB batches per side and round"
+    )
+    parser.add_argument(
         "--no-shm",
         action="store_true",
         help="HORA_SHM=0: hora's allreduce on gloo too, as between hosts (like for like)",
     )
     args = parser.parse_args()
     env = {"HORA_SHM": "0"} if args.no_shm else {}
-    results = hora.run(worker, (args.sizes_mb, args.rounds, args.gc_freeze), np=2, env=env)[0]
+    results = hora.run(
+        worker, (args.sizes_mb, args.rounds, args.gc_freeze, args.fusion_reps), np=2, env=env
+    )[0]
     pairs = [
         ("in place", "raw in place", "hvd.allreduce_"),
         ("out of place", "raw clone+all_reduce", "hvd.allreduce"),
