@@ -5,8 +5,8 @@ once). The engine sends requests to the coordinator (rank 0's engine), receives 
 buckets, runs them on the data path and completes the handles. No rank polls while idle: the
 threads sleep in `select` until a submission or a message arrives.
 
-Whoever holds the drive lock runs the engine's rounds (`_step`): the background thread, or a
-caller blocked in `synchronize`, which then sends, negotiates and runs the data path itself
+Whoever holds the drive lock runs the engine's rounds (`_guarded_step`): the background thread,
+or a caller blocked in `synchronize`, which then sends, negotiates and runs the data path itself
 instead of handing the work to the thread and waiting to be woken (two thread hand-overs per
 blocking call saved, the thread's GIL requests along with them). The thread keeps everything
 moving while no caller waits: operations of hooks during a backward pass, `poll` loops.

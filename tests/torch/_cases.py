@@ -392,6 +392,47 @@ def poll_is_async(r: int, n: int) -> None:
 
 
 @case
+def threads_wait_together(r: int, n: int) -> None:
+    # A caller blocked in synchronize drives the engine; several threads wait at once here, one
+    # polls, and thread "b" waits for an op that rank 0 submits only after its thread "a" was
+    # served: a driver never holds up another thread's completed operation.
+    import threading
+
+    results: dict[str, object] = {}
+    a_done = threading.Event()
+
+    def worker(tag: str, count: int) -> None:
+        try:
+            if tag == "b" and r == 0:
+                a_done.wait(30)
+            hs = [
+                hvd.allreduce_async(torch.full((k + 1,), float(r)), name=f"{tag}{k}", op=hvd.Sum)
+                for k in range(count)
+            ]
+            if tag == "p":
+                deadline = time.monotonic() + 30
+                while not all(hvd.poll(h) for h in hs) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            results[tag] = [hvd.synchronize(h) for h in hs]
+            if tag == "a":
+                a_done.set()
+        except Exception as exc:  # reported below, on the main thread
+            results[tag] = exc
+
+    threads = [threading.Thread(target=worker, args=(t, 5)) for t in ("a", "b", "c", "p")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    want = float(sum(range(n)))
+    for tag in ("a", "b", "c", "p"):
+        outs = results.get(tag)
+        assert isinstance(outs, list), (tag, outs)
+        for k, out in enumerate(outs):
+            close(out, torch.full((k + 1,), want))
+
+
+@case
 def fusion(r: int, n: int) -> None:
     before = _execute.stats["allreduce_calls"]
     outs = hvd.grouped_allreduce([torch.full((64,), float(r)) for _ in range(10)], op=hvd.Sum)
