@@ -15,7 +15,8 @@ thread, the hand-off. Throughput is algorithm bandwidth: tensor bytes / seconds 
 `--gc-freeze` moves the objects made so far out of the collector's sight in this bench's
 processes (the library never touches interpreter settings).
 
-    .venv/bin/python bench/allreduce.py [--sizes-mb 1 16 64] [--rounds 7] [--no-shm] [--fusion-reps 10]
+    .venv/bin/python bench/allreduce.py [--sizes-mb 1 16 64] [--rounds 7] [--no-shm]
+        [--fusion-reps 10]
 """
 
 from __future__ import annotations

@@ -257,8 +257,10 @@ def _layout(bucket: Bucket) -> tuple[Any, ...] | None:
 
 def _allreduce_in_place(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo) -> bool:
     """The common bucket (a step's gradients): this rank's CPU tensors, one per entry, of one
-    dtype that reduces as itself, all in place. Runs it through the persistent fusion buffer
-    with none of the general path's per-tensor bookkeeping; False: not such a bucket."""
+    dtype that reduces as itself, all in place. Runs it with none of the general path's
+    per-tensor bookkeeping: on one host the tensors go straight into the shared segment and
+    the sum lands in the persistent fusion buffer, elsewhere they are packed into that buffer
+    for the backend; False: not such a bucket."""
     tensors: list[torch.Tensor] = []
     dtype = None
     for op in ops:
