@@ -113,6 +113,10 @@ def main() -> None:
         if args.losses:
             with open(args.losses, "w") as f:
                 json.dump(losses.tolist(), f)
+    # The model (DDP's reducer, FSDP's state) goes before its process group, not after it at
+    # this function's exit: torch's gloo teardown in that order now and then never returns.
+    del model, opt
+    dist.barrier()
     dist.destroy_process_group()
 
 
