@@ -354,7 +354,7 @@ class Engine:
             or self._unsent
             or self._inflight
             or self._join_op is not None
-            or (coord is not None and (coord.has_pending() or coord.stash_age(0.0) is not None))
+            or (coord is not None and (coord.has_pending() or coord.has_set_aside()))
         ):
             self._wake()
 

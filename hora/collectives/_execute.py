@@ -278,13 +278,13 @@ def _allreduce_in_place(bucket: Bucket, ops: list[LocalOp | None], info: GroupIn
     timed = _th.recorder.enabled
     names = [e.name for e in bucket.entries] if timed else []
     _begin(names, "MEMCPY_IN_FUSION_BUFFER")
-    layout = _layout(bucket)
+    layout = _layout(bucket) or (dtype, *[t.shape for t in tensors])  # worked out once
     work, views = info.fusion.views(tensors, layout)
     local = info.local if info.size > 1 else None
     if local is not None and ref.prescale == 1.0 and local.fits(work.nbytes):
         _end(names, "MEMCPY_IN_FUSION_BUFFER")  # into the shared segment, in the reduction
         _begin(names, "SHM_ALLREDUCE")
-        local.allreduce_from_(tensors, layout or (dtype, *[t.shape for t in tensors]), work, ref.op)
+        local.allreduce_from_(tensors, layout, work, ref.op)
         stats["allreduce_calls"] += 1
         stats["shm_allreduce_calls"] += 1
         _end(names, "SHM_ALLREDUCE")

@@ -302,6 +302,10 @@ class Coordinator:
                 else:
                     self.submit_cached(rank, cid)
 
+    def has_set_aside(self) -> bool:
+        """Some rank's round waits in `offer`'s stash."""
+        return bool(self._stash)
+
     def stash_age(self, now: float) -> float | None:
         """How long the oldest round set aside has waited (None: none is)."""
         return now - self._stash_since if self._stash else None
