@@ -245,7 +245,14 @@ def run_same_job(args: argparse.Namespace, env: dict[str, str]) -> None:
             f"{med['no-comm']:>16.1f} {med['single']:>15.1f} "
             f"{2 * med['hvd'] / med['single']:>11.2f}x {2 * med['ddp'] / med['single']:>11.2f}x"
         )
-        print(f"       (threads per process: {two['threads']} on 2 ranks, {one['threads']} alone)")
+        # Rounds alternate sides, so a round's ratio compares neighbours in time: its spread
+        # shows how far the machine's drift moves the figure above (a loaded 2-core host: far).
+        per_round = [h / d for h, d in zip(two["rates"]["hvd"], two["rates"]["ddp"], strict=True)]
+        print(
+            f"       (hvd/ddp per round: median {statistics.median(per_round):.2f}x, "
+            f"{min(per_round):.2f}-{max(per_round):.2f}x; threads per process: "
+            f"{two['threads']} on 2 ranks, {one['threads']} alone)"
+        )
 
 
 if __name__ == "__main__":
