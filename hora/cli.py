@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
-from collections.abc import Sequence
-from contextlib import nullcontext
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from types import FrameType
 from typing import Any
 
 from hora import engines
@@ -27,6 +30,8 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130
+# A stop request from outside (a scheduler's cancel, a preemption, `kill`, a closed terminal).
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 _NO_HOSTS = (
     "{option} is not supported: hora does not log into other hosts. It runs the ranks on this "
@@ -184,13 +189,47 @@ def _run(ns: argparse.Namespace) -> None:
         run(run_program, (program,), **options)
 
 
+class _Terminated(BaseException):
+    """Raised in the driver by SIGTERM or SIGHUP; a BaseException, as KeyboardInterrupt is, so
+    that nothing on the way out takes it for an error of the job's."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _stop_on_termination() -> Iterator[None]:
+    """SIGTERM and SIGHUP end the run as Ctrl-C does, through the driver's stop: every rank's
+    process group gets SIGTERM (a script's handler can save a checkpoint, as under torchrun,
+    which forwards them too), then SIGKILL after a grace. Without this the driver would die on
+    the spot and its workers would only notice their channel closing: SIGKILL, no handler.
+    A second signal while the workers stop is ignored (SIGKILL remains the way to hurry)."""
+
+    def terminate(signum: int, _frame: FrameType | None) -> None:
+        for sig in _TERMINATING:
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Terminated(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers; a caller elsewhere keeps its own
+        return
+    previous = {sig: signal.signal(sig, terminate) for sig in _TERMINATING}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hora` command; returns the exit status."""
     ns = _parser().parse_args(argv)
     if ns.command == "timeline":
         return _timeline(ns)
     try:
-        _run(ns)
+        with _stop_on_termination():
+            _run(ns)
     except (ValueError, FileNotFoundError) as exc:
         print(f"hora: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -203,6 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hora: interrupted; every worker was stopped", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except _Terminated as exc:
+        name = signal.Signals(exc.signum).name
+        print(f"hora: stopped by {name}; every worker was stopped", file=sys.stderr)
+        return 128 + exc.signum  # as a shell reports a command ended by that signal
     return 0
 
 

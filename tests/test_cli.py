@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -211,6 +212,48 @@ def test_killing_the_driver_stops_every_command(tmp_path):
         driver.wait()
         driver.stdout.close()
     # the workers see their channel close and kill their process groups: shells and sleeps
+    assert wait_for_no_processes() == []
+
+
+# Saves on SIGTERM, as a preemptible job's script does, then says so and exits.
+CHECKPOINT_ON_SIGTERM = """
+import os, signal, sys, time
+def save(signum, frame):
+    with open(os.path.join(sys.argv[1], "saved." + os.environ["RANK"]), "w") as f:
+        f.write("step 7")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save)
+print("up", os.environ["RANK"], flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_the_driver_reaches_every_rank_first(tmp_path, sig):
+    """A scheduler stops `hora run` with SIGTERM (a closed terminal sends SIGHUP): every rank
+    gets SIGTERM, its handler saves a checkpoint, and only then is anything killed."""
+    script = tmp_path / "train.py"
+    script.write_text(CHECKPOINT_ON_SIGTERM)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "hora", "run", "-np", "2", str(script), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert driver.stdout is not None
+        seen = {driver.stdout.readline().strip() for _ in range(2)}
+        assert seen == {"[0] up 0", "[1] up 1"}
+        driver.send_signal(sig)
+        _, stderr = driver.communicate(timeout=60)
+    finally:
+        driver.kill()
+        driver.wait()
+    name = signal.Signals(sig).name
+    assert driver.returncode == 128 + sig, stderr
+    assert f"hora: stopped by {name}; every worker was stopped" in stderr
+    assert sorted(p.name for p in tmp_path.glob("saved.*")) == ["saved.0", "saved.1"]
+    assert (tmp_path / "saved.1").read_text() == "step 7"
     assert wait_for_no_processes() == []
 
 
