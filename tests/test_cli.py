@@ -196,26 +196,37 @@ def test_command_killed_by_a_signal(tmp_path):
     assert "  | dying 1" in done.stderr
 
 
-def test_killing_the_driver_stops_every_command(tmp_path):
-    command = 'echo "up $RANK"; sleep 3600 & sleep 3600'
+def _start_until_up(*args: str) -> subprocess.Popen:
+    """`hora run -np 2 ...` in the background, returned once both ranks printed "up <rank>"."""
     driver = subprocess.Popen(
-        [sys.executable, "-m", "hora", "run", "-np", "2", "--no-python", "sh", "-c", command],
+        [sys.executable, "-m", "hora", "run", "-np", "2", *args],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
+    assert driver.stdout is not None
     try:
-        assert driver.stdout is not None
         seen = {driver.stdout.readline().strip() for _ in range(2)}
         assert seen == {"[0] up 0", "[1] up 1"}
-    finally:
-        driver.kill()
-        driver.wait()
-        driver.stdout.close()
+    except BaseException:
+        _kill(driver)
+        raise
+    return driver
+
+
+def _kill(driver: subprocess.Popen) -> None:
+    driver.kill()
+    driver.communicate()  # reaps it and closes its pipes
+
+
+def test_killing_the_driver_stops_every_command(tmp_path):
+    command = 'echo "up $RANK"; sleep 3600 & sleep 3600'
+    _kill(_start_until_up("--no-python", "sh", "-c", command))
     # the workers see their channel close and kill their process groups: shells and sleeps
     assert wait_for_no_processes() == []
 
 
-# Saves on SIGTERM, as a preemptible job's script does, then says so and exits.
+# Saves a checkpoint on SIGTERM and exits, as a preemptible job's script does.
 CHECKPOINT_ON_SIGTERM = """
 import os, signal, sys, time
 def save(signum, frame):
@@ -234,21 +245,13 @@ def test_a_stop_signal_to_the_driver_reaches_every_rank_first(tmp_path, sig):
     gets SIGTERM, its handler saves a checkpoint, and only then is anything killed."""
     script = tmp_path / "train.py"
     script.write_text(CHECKPOINT_ON_SIGTERM)
-    driver = subprocess.Popen(
-        [sys.executable, "-m", "hora", "run", "-np", "2", str(script), str(tmp_path)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    driver = _start_until_up(str(script), str(tmp_path))
+    driver.send_signal(sig)
     try:
-        assert driver.stdout is not None
-        seen = {driver.stdout.readline().strip() for _ in range(2)}
-        assert seen == {"[0] up 0", "[1] up 1"}
-        driver.send_signal(sig)
         _, stderr = driver.communicate(timeout=60)
-    finally:
-        driver.kill()
-        driver.wait()
+    except BaseException:
+        _kill(driver)
+        raise
     name = signal.Signals(sig).name
     assert driver.returncode == 128 + sig, stderr
     assert f"hora: stopped by {name}; every worker was stopped" in stderr
