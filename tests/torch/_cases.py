@@ -486,6 +486,29 @@ def fusion_buffer_in_place(r: int, n: int) -> None:
 
 
 @case
+def a_name_reused_with_other_tensors(r: int, n: int) -> None:
+    """One name submitted step after step: the same request object travels each time (made
+    once), and the same name with another shape, dtype or op is a request of its own, exact."""
+    from hora.collectives import ops
+
+    total = float(sum(range(n)))
+    for step in range(6):
+        shape = (3,) if step % 2 else (5, 2)
+        dtype = torch.float64 if step % 3 == 0 else torch.float32
+        op = hvd.Max if step == 4 else hvd.Sum
+        t = torch.full(shape, float(r + step), dtype=dtype)
+        hvd.allreduce_(t, name="reused", op=op)
+        want = float(n - 1 + step) if op == hvd.Max else total + n * step
+        close(t, torch.full(shape, want, dtype=dtype))
+    for _ in range(3):
+        hvd.allreduce_(torch.ones(7), name="reused.same", op=hvd.Sum)
+    made = [req for key, req in ops._REQUESTS.items() if key[0] == "allreduce.reused.same"]
+    assert len(made) == 1, made  # built once, then found
+    made = [key for key in ops._REQUESTS if key[0] == "allreduce.reused"]
+    assert len(made) == 5, made  # one per shape, dtype and op seen
+
+
+@case
 def mismatches(r: int, n: int) -> None:
     odd = r == n - 1
     msgs = [
