@@ -6,7 +6,9 @@ buckets), and without any exchange (each rank alone: "no-comm", the ceiling); a 
 trains it alone with the plain optimizer, same per-rank batch.
 Models: (a) an MLP of 50 small Linear layers (many small gradients: fusion matters) and (b) a
 small CNN. Scaling efficiency = samples/s on 2 ranks / (2 x samples/s on 1 process); the
-physical limit on a 2-core machine is 1.0 (2.0x).
+physical limit on a 2-core machine is 1.0 (2.0x). Rank 0's milliseconds per step in forward,
+backward and `step()` show where each side pays for its exchange (DDP in backward,
+DistributedOptimizer in `step()`).
 
 hora's allreduce goes through shared memory here (one host); `--no-shm` keeps it on gloo, as DDP.
 
@@ -80,16 +82,31 @@ def make_optimizer(kind: str, params: Any) -> Any:
     return torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
-def _steps_per_s(model: Any, opt: Any, batch: tuple[Any, Any], steps: int) -> float:
+def _steps_per_s(
+    model: Any, opt: Any, batch: tuple[Any, Any], steps: int, phases: list[float] | None = None
+) -> float:
+    """Steps per second; `phases` (if given) accumulates seconds in forward (with zero_grad),
+    backward and `step()`: DDP exchanges inside backward, DistributedOptimizer in `step()`."""
     import torch.nn.functional as F
 
     x, y = batch
-    start = time.perf_counter()
+    clock = time.perf_counter
+    fwd = bwd = opt_step = 0.0
+    start = clock()
     for _ in range(steps):
+        t0 = clock()
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        loss = F.cross_entropy(model(x), y)
+        t1 = clock()
+        loss.backward()
+        t2 = clock()
         opt.step()
-    return steps / (time.perf_counter() - start)
+        t3 = clock()
+        fwd, bwd, opt_step = fwd + t1 - t0, bwd + t2 - t1, opt_step + t3 - t2
+    rate = steps / (clock() - start)
+    if phases is not None:
+        phases[0], phases[1], phases[2] = phases[0] + fwd, phases[1] + bwd, phases[2] + opt_step
+    return rate
 
 
 def distributed(kind: str, steps: int, rounds: int, batch_size: int) -> dict[str, Any]:
@@ -113,13 +130,15 @@ def distributed(kind: str, steps: int, rounds: int, batch_size: int) -> dict[str
     for model, opt in sides.values():
         _steps_per_s(model, opt, batch, 3)  # warm-up
     rates: dict[str, list[float]] = {k: [] for k in sides}
+    phases = {k: [0.0, 0.0, 0.0] for k in sides}
     for r in range(rounds):
         for key in list(sides) if r % 2 == 0 else list(reversed(sides)):
             dist.barrier()
-            rates[key].append(_steps_per_s(*sides[key], batch, steps))
+            rates[key].append(_steps_per_s(*sides[key], batch, steps, phases[key]))
     threads = torch.get_num_threads()
     hvd.shutdown()
-    return {"rates": rates, "threads": threads}
+    ms_per_step = {k: [1e3 * p / (steps * rounds) for p in v] for k, v in phases.items()}
+    return {"rates": rates, "threads": threads, "phases": ms_per_step}
 
 
 def single(kind: str, steps: int, rounds: int, batch_size: int) -> dict[str, Any]:
@@ -252,6 +271,13 @@ def run_same_job(args: argparse.Namespace, env: dict[str, str]) -> None:
             f"       (hvd/ddp per round: median {statistics.median(per_round):.2f}x, "
             f"{min(per_round):.2f}-{max(per_round):.2f}x; threads per process: "
             f"{two['threads']} on 2 ranks, {one['threads']} alone)"
+        )
+        print(
+            "       (rank 0, ms per step in forward / backward / step(): "
+            + "; ".join(
+                f"{k} {' / '.join(f'{p:.2f}' for p in v)}" for k, v in two["phases"].items()
+            )
+            + ")"
         )
 
 
