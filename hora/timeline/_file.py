@@ -16,12 +16,14 @@ from collections.abc import Iterable
 
 HEADER_NAME = "hora_timeline"
 _HEAD_BYTES = 512
-# A write is cut short by SIGKILL only between pages (the kernel checks for a fatal signal before
+# A write is cut short by SIGKILL mostly between pages (the kernel checks for a fatal signal before
 # copying each page). Appends are therefore split into writes that stay within a page, or cross
-# one boundary with a single byte before it: a kill can tear a write only in that window, between
-# the first page and the next, which leaves the file ending in `,` (the summary reads such a file;
-# a viewer needs the comma made a `]`). No sequence of writes can grow a JSON value across a page
-# with no window at all: after a complete value only whitespace may follow.
+# one boundary with a single byte before it, so that such a cut leaves the file ending in `,`.
+# Rarely a cut lands inside a page (once in CI, 15 bytes into a write, on a loaded host): the
+# file then ends in a torn event. The summary reads either, keeping every complete event; a
+# viewer needs the file cut after the last complete event and closed with `]`. No sequence of
+# writes can grow a JSON value across a page with no window at all: after a complete value only
+# whitespace may follow.
 PIECE_BYTES = 4096  # the page size: what the kernel writes without a check for signals
 
 

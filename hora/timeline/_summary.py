@@ -51,16 +51,25 @@ def load_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        # A writer killed inside the one write that crosses a page leaves `...,` (see _file.py).
-        torn = text.rstrip()
-        if not torn.endswith(","):
-            raise
-        data = json.loads(torn[:-1] + "]")
+        data = _complete_events(text)
     if isinstance(data, dict):
         data = data.get("traceEvents", [])
     if not isinstance(data, list):
         raise ValueError(f"{path} is not a Chrome trace (expected a JSON array of events)")
     return [e for e in data if isinstance(e, dict)]
+
+
+def _complete_events(text: str) -> Any:
+    """A trace whose writer was killed mid-write (see _file.py): every event before the torn
+    one. Events are one per line, so the torn tail is the last line or two."""
+    lines = text.rstrip().split("\n")
+    for cut in range(len(lines), max(len(lines) - 3, 1), -1):
+        head = "\n".join(lines[:cut]).rstrip().rstrip(",")
+        try:
+            return json.loads(head + "\n]")
+        except json.JSONDecodeError:
+            continue
+    return json.loads(text)  # not a torn trace: raise the parser's own error
 
 
 def summarize(events: list[dict[str, Any]]) -> Summary:
