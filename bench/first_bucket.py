@@ -3,11 +3,13 @@
 A bucket sent during backward overlaps with it, but on CPU the negotiation round and the engine
 thread's Python it costs run on the cores that compute backward. On 2 ranks, in one job and
 alternating rounds, the same model trains with hora's first bucket, with DDP's 1 MiB one (the
-rest of the buckets alike), and under DDP. Models: the small CNN of bench/train_step.py (its two
-last layers hold 1.05 MB: one bucket with hora's default, two with 1 MiB) and an MLP of seven
+rest of the buckets alike), and under DDP. Models (bench/train_step.py's): the small CNN (its two
+last layers hold 1.05 MB: one bucket with hora's default, two with 1 MiB), the same CNN with a
+wider first fully connected layer (`cnn256`, `cnn512`: 2 and 4 MiB) and `wide`, an MLP of seven
 1024-wide layers (26 MB: two buckets either way, the first larger with hora's default).
 
-    .venv/bin/python bench/first_bucket.py [--rounds 10] [--steps 30] [--load 2] [--models cnn wide]
+    .venv/bin/python bench/first_bucket.py [--rounds 10] [--steps 30] [--load 2]
+        [--models cnn cnn256 cnn512 wide]
 """
 
 from __future__ import annotations
@@ -15,45 +17,19 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from typing import Any
 
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
-from train_step import busy_load, make_batch, make_model, make_optimizer
+from train_step import _steps_per_s, busy_load, make_batch, make_model, make_optimizer
 
 import hora
-
-
-def _model(kind: str) -> Any:
-    if kind != "wide":
-        return make_model(kind)
-    import torch
-    from torch import nn
-
-    torch.manual_seed(0)
-    layers: list[nn.Module] = [nn.Linear(256, 1024), nn.ReLU()]
-    for _ in range(6):
-        layers += [nn.Linear(1024, 1024), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(1024, 10))
-
-
-def _batch(kind: str, batch_size: int) -> tuple[Any, Any]:
-    if kind != "wide":
-        return make_batch(kind, batch_size)
-    import torch
-
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(batch_size, 256, generator=g), torch.randint(
-        0, 10, (batch_size,), generator=g
-    )
 
 
 def compare(kind: str, steps: int, rounds: int, batch_size: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     import hora.torch as hvd
     import hora.torch.optimizer as hvd_optimizer
@@ -64,28 +40,23 @@ def compare(kind: str, steps: int, rounds: int, batch_size: int) -> dict[str, An
     default_cap = hvd_optimizer._CPU_FIRST_BUCKET_CAP_BYTES
     for key, cap in (("hora", default_cap), ("1 MiB", hvd_optimizer._FIRST_BUCKET_CAP_BYTES)):
         hvd_optimizer._CPU_FIRST_BUCKET_CAP_BYTES = cap  # read when the buckets are cut
-        model = _model(kind)
+        model = make_model(kind)
         opt = hvd.DistributedOptimizer(
             make_optimizer(kind, model.parameters()), named_parameters=model.named_parameters()
         )
         sides[key] = (model, opt)
         buckets[key] = [sum(p.numel() * p.element_size() for p in b) for b in opt._buckets]
     hvd_optimizer._CPU_FIRST_BUCKET_CAP_BYTES = default_cap
-    ddp = torch.nn.parallel.DistributedDataParallel(_model(kind))
+    ddp = torch.nn.parallel.DistributedDataParallel(make_model(kind))
     sides["ddp"] = (ddp, make_optimizer(kind, ddp.parameters()))
-    x, y = _batch(kind, batch_size)
+    batch = make_batch(kind, batch_size)
     rates: dict[str, list[float]] = {k: [] for k in sides}
     for r in range(rounds + 1):  # round 0 warms up
         for key in list(sides) if r % 2 == 0 else list(reversed(sides)):
-            model, opt = sides[key]
             dist.barrier()
-            start = time.perf_counter()
-            for _ in range(steps):
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                opt.step()
+            rate = _steps_per_s(*sides[key], batch, steps)
             if r:
-                rates[key].append(steps / (time.perf_counter() - start))
+                rates[key].append(rate)
     hvd.shutdown()
     return {"rates": rates, "buckets": buckets}
 

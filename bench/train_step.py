@@ -58,10 +58,16 @@ def make_model(kind: str) -> Any:
         for _ in range(48):
             layers += [nn.Linear(64, 64), nn.ReLU()]
         return nn.Sequential(*layers, nn.Linear(64, 10))
+    if kind == "wide":  # 26 MB of gradients in seven large layers
+        wide: list[nn.Module] = [nn.Linear(256, 1024), nn.ReLU()]
+        for _ in range(6):
+            wide += [nn.Linear(1024, 1024), nn.ReLU()]
+        return nn.Sequential(*wide, nn.Linear(1024, 10))
+    hidden = int(kind[3:] or 128)  # "cnn", or "cnn512": its first fully connected layer's width
     return nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, 10),
+        nn.Flatten(), nn.Linear(32 * 8 * 8, hidden), nn.ReLU(), nn.Linear(hidden, 10),
     )  # fmt: skip
 
 
@@ -69,7 +75,7 @@ def make_batch(kind: str, batch_size: int) -> tuple[Any, Any]:
     import torch
 
     g = torch.Generator().manual_seed(1)
-    shapes = {"mlp50": (batch_size, 32), "mlp64x50": (batch_size, 64)}
+    shapes = {"mlp50": (batch_size, 32), "mlp64x50": (batch_size, 64), "wide": (batch_size, 256)}
     shape = shapes.get(kind, (batch_size, 3, 32, 32))
     return torch.randn(*shape, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
 
