@@ -567,7 +567,9 @@ def _alltoall(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device
             )
         elif src is not None:
             out_bytes.copy_(src)
-        output = out_bytes.view(t.dtype).reshape((sum(recv_splits), *t.shape[1:]))
+        rows = (sum(recv_splits), *t.shape[1:])
+        # Rows of zero bytes (a [n, 0] tensor) have no bytes to view as another dtype.
+        output = out_bytes.view(t.dtype).reshape(rows) if rb else t.new_empty(rows)
         outs.append((output, torch.tensor(recv_splits, dtype=torch.int32)))
     op.outputs = outs
 

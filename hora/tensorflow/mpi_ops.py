@@ -2,8 +2,8 @@
 
 Each op hands TF data to the shared engine (`hora.collectives`) through `_bridge` and is
 differentiable through `tf.custom_gradient`: allreduce -> allreduce of the gradient (same op and
-scale factors); allgather -> Sum allreduce, this rank's rows; broadcast -> Sum allreduce, zero
-off the root; alltoall -> alltoall back with the received splits; reducescatter -> allgather
+scale factors); allgather -> Average allreduce, this rank's rows; broadcast -> Average allreduce,
+zero off the root; alltoall -> alltoall back with the received splits; reducescatter -> allgather
 (times the set size for Sum, as hora.torch).
 """
 
@@ -132,6 +132,15 @@ def _sparse_allreduce(
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
+def _refuse_sparse_scaling(prescale_factor: float, postscale_factor: float) -> None:
+    """Horovod's rule: IndexedSlices are gathered, not reduced, so no factor can apply."""
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError(
+            "prescale_factor and postscale_factor are not supported with tf.IndexedSlices; "
+            "scale the gradient yourself, or pass sparse_as_dense=True to reduce it densely"
+        )
+
+
 def allreduce(
     tensor: Any,
     average: bool | None = None,
@@ -151,6 +160,7 @@ def allreduce(
     del device_dense, device_sparse
     op = _resolve_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
+        _refuse_sparse_scaling(prescale_factor, postscale_factor)
         return _sparse_allreduce(tensor, name, op, process_set)
     tensor = tf.convert_to_tensor(tensor)
     key = _name(name, ALLREDUCE, ignore_name_scope)
@@ -243,8 +253,8 @@ def _allgather_diff(
         ys = _allgather_raw(list(xs), name, process_set)
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            summed = _allreduce_diff(list(dys), None, Sum, 1.0, 1.0, process_set)
-            return [_my_rows(g, x, process_set) for g, x in zip(summed, xs, strict=True)]
+            averaged = _allreduce_diff(list(dys), None, Average, 1.0, 1.0, process_set)
+            return [_my_rows(g, x, process_set) for g, x in zip(averaged, xs, strict=True)]
 
         return ys, grad
 
@@ -305,8 +315,8 @@ def broadcast(
         y = _broadcast_raw(x, root, key, process_set)
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            summed = _allreduce_diff([dy], None, Sum, 1.0, 1.0, process_set)[0]
-            return summed if rank() == root else summed * 0
+            averaged = _allreduce_diff([dy], None, Average, 1.0, 1.0, process_set)[0]
+            return averaged if rank() == root else averaged * 0
 
         return y, grad
 

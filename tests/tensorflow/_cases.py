@@ -174,10 +174,10 @@ def gradients(r: int, n: int) -> None:
     # allreduce -> allreduce of the gradient with the same op: ones * n (Sum), ones (Average)
     close(tape.gradient(summed, x), np.vstack([np.full((1, 2), n), np.zeros((r, 2))]))
     close(tape.gradient(avg, x), np.vstack([np.ones((1, 2)), np.zeros((r, 2))]))
-    # allgather -> Sum allreduce, this rank's rows
-    close(tape.gradient(gathered, x), np.full((r + 1, 2), n))
-    # broadcast -> Sum allreduce on the root, zeros elsewhere
-    want_root = np.full((1, 2), n if r == 0 else 0)
+    # allgather -> Average allreduce, this rank's rows (as Horovod's TF gradient and hora.torch)
+    close(tape.gradient(gathered, x), np.ones((r + 1, 2)))
+    # broadcast -> Average allreduce on the root, zeros elsewhere
+    want_root = np.full((1, 2), 1 if r == 0 else 0)
     close(tape.gradient(root, x), np.vstack([want_root, np.zeros((r, 2))]))
     # reducescatter -> allgather (times the set size for Sum), summed over the tiled rows
     close(tape.gradient(scattered, x), np.vstack([np.full((1, 2), n * n), np.zeros((r, 2))]))
@@ -233,6 +233,28 @@ def distributed_gradient_tape(r: int, n: int) -> None:
     for k in range(n):
         want[k % 4] += 1
     close(dense, want)
+
+
+@case
+def sparse_scaling_refused(r: int, n: int) -> None:
+    """Horovod refuses pre/postscale factors on IndexedSlices (they are gathered, not reduced);
+    silently dropping them would give wrong numbers."""
+    slices = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([r % 4]), tf.constant([4, 2]))
+    for factors in ({"prescale_factor": 0.5}, {"postscale_factor": 2.0}):
+        expect_raises(NotImplementedError, lambda f=factors: hvd.allreduce(slices, **f), "scale")
+    got = hvd.allreduce(slices, op=hvd.Sum)
+    assert isinstance(got, tf.IndexedSlices) and got.values.shape == (n, 2)
+
+
+@case
+def zero_sized_tensors(r: int, n: int) -> None:
+    for dtype in DTYPES:
+        got = hvd.alltoall(tf.zeros([n, 0], dtype=dtype))
+        assert got.dtype == dtype and got.shape == (n, 0), (dtype, got.shape)
+        assert hvd.allgather(tf.zeros([r, 0], dtype=dtype)).shape == (sum(range(n)), 0)
+        assert hvd.allreduce(tf.zeros([0], dtype=dtype), op=hvd.Sum).shape == (0,)
+        assert hvd.broadcast(tf.zeros([2, 0], dtype=dtype), 0).shape == (2, 0)
+    close(hvd.allreduce(tf.ones([2]), op=hvd.Sum), np.full(2, n))  # still healthy
 
 
 # ----- name-keyed matching, mismatches, process sets ----------------------------------------------

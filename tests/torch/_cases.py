@@ -351,6 +351,29 @@ def reducescatter_forms(r: int, n: int) -> None:
     close(hvd.synchronize(h), torch.full((1, 2), float(n)))
 
 
+@case
+def zero_sized_tensors(r: int, n: int) -> None:
+    """Every op takes tensors with no elements, in every dtype, and the engine keeps working
+    after them (an empty alltoall of int16 once broke the engine for every op after it)."""
+    for dt in DTYPES:
+        empty = torch.empty((n, 0), dtype=dt)
+        got = hvd.alltoall(empty, name=f"zero.a2a.{dt}")
+        assert got.dtype == dt and got.shape == (n, 0), (dt, got.shape)
+        out, received = hvd.alltoall(empty, splits=torch.ones(n, dtype=torch.int32))
+        assert out.shape == (n, 0) and received.tolist() == [1] * n, (dt, out.shape)
+        assert hvd.allreduce(torch.empty(0, dtype=dt), op=hvd.Sum).shape == (0,), dt
+        assert hvd.allgather(torch.empty((r, 0), dtype=dt)).shape == (sum(range(n)), 0), dt
+        assert hvd.allgather(torch.empty((0, 3), dtype=dt)).shape == (0, 3), dt
+        assert hvd.broadcast(torch.empty((2, 0), dtype=dt), 0).shape == (2, 0), dt
+        if dt != torch.bool:
+            got = hvd.reducescatter(torch.empty((0, 2), dtype=dt), op=hvd.Sum)
+            assert got.shape == (0, 2), (dt, got.shape)
+        ones = torch.ones(2, dtype=dt)
+        assert torch.equal(hvd.allreduce(ones, op=hvd.Max), ones), dt  # the engine still works
+    ga, gb = hvd.grouped_allreduce([torch.empty(0), torch.ones(2)], op=hvd.Sum)
+    assert ga.shape == (0,) and torch.equal(gb, torch.full((2,), float(n)))
+
+
 # ----- negotiation ------------------------------------------------------------------------------
 @case
 def submission_order(r: int, n: int) -> None:
