@@ -5,7 +5,6 @@ horovod.run's, `hora.torch` is Horovod's PyTorch API on torch.distributed, `hora
 (from hora.checkpoint) writes and finds training checkpoints.
 """
 
-from hora._logs import log_to_driver as log_to_driver
 from hora.api import HorovodRunner as HorovodRunner
 from hora.api import Runner as Runner
 from hora.api import run as run
@@ -14,6 +13,7 @@ from hora.errors import HoraError as HoraError
 from hora.errors import RunTimeoutError as RunTimeoutError
 from hora.errors import UnpicklableError as UnpicklableError
 from hora.errors import WorkerFailedError as WorkerFailedError
+from hora.wire.link import log_to_driver as log_to_driver
 
 __version__ = "0.1.0"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -21,16 +20,17 @@ import traceback
 
 import cloudpickle
 
-from hora import _channel, _deepspeed_ops, _logs
+from hora import _deepspeed_ops
 from hora._payload import dumps_result
 from hora._script import CommandFailed
-from hora.job.protocol import Error, Hello, Payload, Result
+from hora.wire import channel, link
+from hora.wire.protocol import ALLOWED, Boot, Error, Hello, Payload, Result
 
 BOOT_ENV_FLAG = "HORA_WORKER"
 _HORA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def _watch_driver(conn: _channel.Connection, done: threading.Event) -> None:
+def _watch_driver(conn: channel.Connection, done: threading.Event) -> None:
     """Kill this worker's process group if the driver's channel closes before the job is done."""
     with contextlib.suppress(Exception):
         conn.recv()
@@ -58,11 +58,12 @@ def _failure(rank: int, exc: BaseException) -> Error:
     return Error(rank, summary, text, time.time())
 
 
-def _run(rank: int, conn: _channel.Connection) -> int:
+def _run(boot: Boot, conn: channel.Connection) -> int:
+    rank = boot.rank
     job: Payload = conn.recv()
     done = threading.Event()
     threading.Thread(target=_watch_driver, args=(conn, done), daemon=True).start()
-    _logs.attach(conn, rank)
+    link.attach(link.DriverLink(conn, rank, boot.secret))
     try:
         fn, args, kwargs = cloudpickle.loads(job.job)
         result = fn(*args, **kwargs)
@@ -82,27 +83,24 @@ def _run(rank: int, conn: _channel.Connection) -> int:
 
 
 def _report(
-    conn: _channel.Connection, done: threading.Event, message: Error | Result, status: int = 1
+    conn: channel.Connection, done: threading.Event, message: Error | Result, status: int = 1
 ) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     done.set()
-    _logs.detach()
+    link.detach()
     conn.send(message)
     return status
 
 
 def main() -> None:
-    boot = json.loads(sys.stdin.readline())
-    rank = int(boot["rank"])
-    sys.path.extend(p for p in boot.get("sys_path", ()) if p not in sys.path)
+    boot = Boot.from_line(sys.stdin.readline())
+    sys.path.extend(p for p in boot.sys_path if p not in sys.path)
     os.environ[BOOT_ENV_FLAG] = "1"
     _deepspeed_ops.refuse_jit_builds()
-    secret = bytes.fromhex(boot["secret"])
-    _logs.set_run_secret(secret)
-    conn = _channel.connect(tuple(boot["address"]), secret)
-    conn.send(Hello(rank, os.getpid(), socket.gethostname()))
-    status = _run(rank, conn)
+    conn = channel.connect(boot.address, boot.secret, ALLOWED)
+    conn.send(Hello(boot.rank, os.getpid(), socket.gethostname()))
+    status = _run(boot, conn)
     conn.close()
     # Tearing down an interpreter that imported torch takes ~0.3 s and helps nobody; the atexit
     # handlers (the user's, torch's) still run, then the process ends without the teardown.

@@ -7,11 +7,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hora import engines
-from hora._payload import dumps_job
 from hora.config import RunConfig, Verbosity
-from hora.job.driver import Attempt, Job
-from hora.job.group import WorkerGroup
-from hora.launchers import make_launcher
+from hora.job import launch
 
 
 class Runner:
@@ -59,11 +56,12 @@ class Runner:
             max_restarts=max_restarts,
             output_filename=_folder(output_filename),
             engine_options=dict(engine_options or {}),
+            collect_all=False,
         )
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         """Run `main(**kwargs)` on every rank; return rank 0's return value."""
-        return _launch(main, (), kwargs, self.config, collect_all=False)[0]
+        return launch(main, (), kwargs, self.config)[0]
 
 
 HorovodRunner = Runner
@@ -102,7 +100,7 @@ def run(
         output_filename=_folder(output_filename),
         engine_options=dict(engine_options or {}),
     )
-    return _launch(fn, tuple(args), dict(kwargs or {}), config, collect_all=True)
+    return launch(fn, tuple(args), dict(kwargs or {}), config)
 
 
 def _folder(path: str | os.PathLike[str] | None) -> str | None:
@@ -115,23 +113,3 @@ def _cluster_backend() -> str:
     whose launcher then says that a SparkSession is needed."""
     found = engines.active(cluster_only=True)
     return found.name if found else "spark"
-
-
-def _launch(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    config: RunConfig,
-    collect_all: bool,
-    use_gpu: bool | None = None,
-) -> list[Any]:
-    if not callable(fn):
-        raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
-    payload = dumps_job(fn, args, kwargs)
-    first = make_launcher(config, use_gpu=use_gpu)  # checks the engine before anything starts
-
-    def new_group(attempt: Attempt, env: Mapping[str, str]) -> WorkerGroup:
-        launcher = first if attempt.index == 0 else make_launcher(config, use_gpu, restart=True)
-        return WorkerGroup(config.np, launcher, env)
-
-    return Job(config, payload, new_group, collect_all).run()

@@ -184,8 +184,7 @@ def _run(ns: argparse.Namespace) -> None:
         "output_filename": ns.output_filename,
         "max_restarts": ns.max_restarts,
     }
-    session = engines.get(ns.backend).cli_session
-    with session() if session else nullcontext():
+    with engines.get(ns.backend).session() or nullcontext():
         run(run_program, (program,), **options)
 
 

@@ -35,6 +35,12 @@ class RunConfig:
     #: the engine's own options (hora.engines: each engine declares which it takes), checked
     #: and completed with the engine's defaults
     engine_options: Mapping[str, Any] = field(default_factory=dict)
+    #: a cluster engine's GPU pinning: True gives every rank its GPUs (CUDA_VISIBLE_DEVICES),
+    #: False none, None pins when the cluster gives ranks GPUs (the doors' `use_gpu`)
+    use_gpu: bool | None = None
+    #: whether every rank's return value comes back (hora.run), or only rank 0's (Runner.run,
+    #: the pyspark doors): the others are then not even pickled
+    collect_all: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np <= 0:
@@ -66,6 +72,8 @@ class RunConfig:
             raise ValueError(f"env must map str to str; fix these entries: {bad!r}")
         if self.output_filename is not None:
             object.__setattr__(self, "output_filename", _output_folder(self.output_filename))
+        if self.use_gpu is not None and not isinstance(self.use_gpu, bool):
+            raise ValueError(f"use_gpu must be True, False or None, got {self.use_gpu!r}")
 
 
 def _is_str(value: object) -> bool:

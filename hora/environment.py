@@ -46,19 +46,64 @@ class RankPlacement:
     cross_size: int
 
 
-def read_int(*names: str) -> int | None:
-    """The first of `names` set in this process's environment, as an int; None if none is set.
+@dataclass(frozen=True)
+class RankEnvironment:
+    """What a process learns of its place from its environment: `current()`'s answer.
 
-    How a rank reads its place back from the contract (or from horovodrun's or torchrun's), in
-    hora.torch and hora.checkpoint alike.
+    Any launcher's variables are read: hora's, horovodrun's, torchrun's, TorchDistributor's;
+    a field is None where no launcher set it.
     """
+
+    rank: int | None
+    size: int | None
+    #: every coordinate, when the launcher gave all of them (hora and horovodrun do)
+    placement: RankPlacement | None
+    #: the rendezvous host and port (MASTER_ADDR, MASTER_PORT): the store every rank dials
+    master_addr: str | None
+    master_port: int | None
+    #: which attempt of a restarted run this is (0: the first), and how many restarts it allows
+    attempt: int
+    max_restarts: int | None
+
+
+def current(environ: Mapping[str, str] | None = None) -> RankEnvironment:
+    """This process's place, read from `environ` (default: os.environ) on every call.
+
+    The one reader of the contract `worker_env` and `restart_env` write: hora.torch,
+    hora.checkpoint and the Spark doors all ask here.
+    """
+    env = os.environ if environ is None else environ
+    rank = _int(env, "RANK", "HOROVOD_RANK")
+    size = _int(env, "WORLD_SIZE", "HOROVOD_SIZE")
+    coordinates = (
+        _int(env, "HOROVOD_LOCAL_RANK", "LOCAL_RANK"),
+        _int(env, "HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
+        _int(env, "HOROVOD_CROSS_RANK", "GROUP_RANK"),
+        _int(env, "HOROVOD_CROSS_SIZE", "GROUP_WORLD_SIZE"),
+    )
+    placement = None
+    if rank is not None and size is not None and None not in coordinates:
+        placement = RankPlacement(rank, size, *coordinates)  # type: ignore[arg-type]
+    return RankEnvironment(
+        rank=rank,
+        size=size,
+        placement=placement,
+        master_addr=env.get("MASTER_ADDR") or None,
+        master_port=_int(env, "MASTER_PORT"),
+        attempt=_int(env, "HORA_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT") or 0,
+        max_restarts=_int(env, "HORA_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS"),
+    )
+
+
+def _int(env: Mapping[str, str], *names: str) -> int | None:
+    """The first of `names` set in `env`, as an int; None if none is set."""
     for name in names:
-        value = os.environ.get(name, "")
+        value = env.get(name, "")
         if value:
             try:
                 return int(value)
             except ValueError:
-                raise ValueError(f"{name}={value!r} is not an integer rank or size") from None
+                raise ValueError(f"{name}={value!r} is not an integer") from None
     return None
 
 

@@ -13,9 +13,9 @@ import sys
 import warnings
 from typing import Any, NamedTuple
 
+from hora import environment
 from hora.checkpoint import _format
 from hora.checkpoint._storage import Storage, is_temp, open_storage
-from hora.environment import read_int
 
 _NAME = re.compile(r"^step-(\d+)\.ckpt$")
 
@@ -48,9 +48,8 @@ def _rank_and_size() -> tuple[int, int]:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    rank = read_int("RANK", "HOROVOD_RANK")
-    size = read_int("WORLD_SIZE", "HOROVOD_SIZE")
-    return rank or 0, size or 1
+    here = environment.current()
+    return here.rank or 0, here.size or 1
 
 
 def _check_count(name: str, value: Any, least: int) -> int:
@@ -170,7 +169,7 @@ class Checkpoint:
 
     def _report(self, found: Restored | None) -> Restored | None:
         """Tell the driver's log where this attempt resumes (rank 0, once per load)."""
-        from hora._logs import log_to_driver
+        from hora.wire.link import log_to_driver
 
         attempt = _attempt_text()
         if found is None:
@@ -202,11 +201,11 @@ class Checkpoint:
 
 
 def _attempt_text() -> str:
-    """ " (attempt 2 of 3)" under a hora run with max_restarts, else ""."""
-    count, most = os.environ.get("HORA_RESTART_COUNT"), os.environ.get("HORA_MAX_RESTARTS")
-    if not (count and most and count.isdigit() and most.isdigit()) or most == "0":
+    """ " (attempt 2 of 3)" under a run with restarts (hora's max_restarts, torchrun's), else ""."""
+    here = environment.current()
+    if not here.max_restarts:
         return ""
-    return f" (attempt {int(count) + 1} of {int(most) + 1})"
+    return f" (attempt {here.attempt + 1} of {here.max_restarts + 1})"
 
 
 def _broadcast_from_rank0(message: Any) -> Any:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hora import _logs
+from hora import environment
 from hora.collectives import _channel, _shm, _state
 from hora.collectives._common import NOT_INITIALIZED
 from hora.collectives._engine import Engine, EngineConfig
@@ -32,8 +32,9 @@ from hora.collectives._process_sets import (
 )
 from hora.collectives._stall import StallSettings
 from hora.collectives.ops import barrier
-from hora.environment import placements, read_int
+from hora.environment import placements
 from hora.timeline import _control as _timeline
+from hora.wire import link
 
 _atexit_registered = False
 _created_default_group = False
@@ -54,11 +55,11 @@ def timeout() -> timedelta:
 
 def _init_torch_distributed() -> bool:
     """Initialise the default group from the launcher's environment; False when there is none."""
-    rank = read_int("RANK", "HOROVOD_RANK")
-    size = read_int("WORLD_SIZE", "HOROVOD_SIZE")
+    here = environment.current()
+    rank, size = here.rank, here.size
     if size is None or rank is None:
         return False
-    if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+    if not here.master_addr or here.master_port is None:
         if size == 1:
             return False
         raise ValueError(
@@ -74,14 +75,9 @@ def _init_torch_distributed() -> bool:
 
 def _placement(rank: int, size: int, world: Any) -> tuple[int, int, int, int]:
     """(local_rank, local_size, cross_rank, cross_size): from the launcher, else from host names."""
-    values = (
-        read_int("HOROVOD_LOCAL_RANK", "LOCAL_RANK"),
-        read_int("HOROVOD_LOCAL_SIZE", "LOCAL_WORLD_SIZE"),
-        read_int("HOROVOD_CROSS_RANK", "GROUP_RANK"),
-        read_int("HOROVOD_CROSS_SIZE", "GROUP_WORLD_SIZE"),
-    )
-    if all(v is not None for v in values):
-        return values  # type: ignore[return-value]
+    given = environment.current().placement
+    if given is not None:
+        return given.local_rank, given.local_size, given.cross_rank, given.cross_size
     if size == 1:
         return 0, 1, 0, 1
     hosts: list[Any] = [None] * size
@@ -181,7 +177,7 @@ def _start_engine(
     store = _default_store()
     if rank == 0:
         server, address = _channel.listen(_channel.local_address(_master_addr(store)))
-        if _logs.negotiation_key() is not None:
+        if link.current() is not None:
             mode = "launcher"
         elif store is not None:
             mode = "store"
@@ -219,7 +215,7 @@ def _default_store() -> Any:
 
 def _master_addr(store: Any) -> str | None:
     """The rendezvous host: MASTER_ADDR, else the default TCPStore's host."""
-    addr = os.environ.get("MASTER_ADDR")
+    addr = environment.current().master_addr
     if addr:
         return addr
     while store is not None and not hasattr(store, "host"):
@@ -231,21 +227,21 @@ def _negotiation_key(mode: str, store: Any, store_key: str) -> bytes:
     """The key every rank of this world authenticates the negotiation star with.
 
     Under a hora launcher ("launcher"): derived from the run's channel secret, which the worker
-    bootstrap read from stdin (`hora._logs.negotiation_key`); no key travels at all. Without one
-    (torchrun, TorchDistributor, a user-initialised group: "store"): rank 0 draws a random key and
-    publishes it in torch.distributed's default store, the TCPStore every rank already rendezvoused
-    through. That is exactly as trusted as torch.distributed's own rendezvous: whoever can read
-    that store can also join the process group and feed gloo. Rank 0 deletes the key from the
-    store once every rank has connected.
+    bootstrap read from stdin (`hora.wire.link.DriverLink.negotiation_key`); no key travels at
+    all. Without one (torchrun, TorchDistributor, a user-initialised group: "store"): rank 0
+    draws a random key and publishes it in torch.distributed's default store, the TCPStore every
+    rank already rendezvoused through. That is exactly as trusted as torch.distributed's own
+    rendezvous: whoever can read that store can also join the process group and feed gloo.
+    Rank 0 deletes the key from the store once every rank has connected.
     """
     if mode == "launcher":
-        key = _logs.negotiation_key()
-        if key is None:
+        driver = link.current()
+        if driver is None:
             raise RuntimeError(
                 "hora.torch.init(): rank 0 runs under a hora launcher but this rank does not; "
                 "start every rank the same way"
             )
-        return key
+        return driver.negotiation_key
     return bytes(store.get(store_key))
 
 

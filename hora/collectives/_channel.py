@@ -6,30 +6,28 @@ peer closes its socket, which every survivor sees at once (no idle polling is ne
 
 Security: rank 0 listens on a TCP port, so anything that can reach it could otherwise feed it a
 pickle. Every socket of the star is therefore authenticated both ways (the HMAC-SHA256
-challenge-response of `hora._channel`, with a key every rank of this world holds, see
+challenge-response of `hora.wire.channel`, with a key every rank of this world holds, see
 `hora.collectives._basics._negotiation_key`) before a single frame is unpickled; a peer that
-fails is closed unread. Frames are then unpickled by a restricted unpickler that resolves only the
-engine's own message classes (defence in depth). The channel authenticates; it does not encrypt.
+fails is closed unread. Frames (hora.wire.channel's framing) are then unpickled by a restricted
+unpickler that resolves only the engine's own message classes (defence in depth). The channel
+authenticates; it does not encrypt.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import io
 import logging
 import os
-import pickle
 import socket
 import struct
 import time
 from typing import Any
 
-from hora._channel import AuthenticationFailed, Connection
+from hora.wire import channel as wire
 
 log = logging.getLogger("hora.torch")
 
-_HEADER = struct.Struct("!I")
 _HELLO = struct.Struct("!I")  # a worker's rank, sent raw once it is authenticated
 HANDSHAKE_TIMEOUT_S = 10.0
 
@@ -46,53 +44,26 @@ _ALLOWED_CLASSES = frozenset(
         ("hora.collectives._engine", "Shutdown"),
     }
 )
-
-
-class ForbiddenFrame(pickle.UnpicklingError):
-    """A negotiation frame named a class outside the engine's messages."""
-
-
-class _Unpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED_CLASSES:
-            return super().find_class(module, name)
-        raise ForbiddenFrame(f"forbidden global {module}.{name} in a negotiation frame")
+ForbiddenFrame = wire.ForbiddenFrame
+pack = wire.pack
 
 
 def loads(payload: bytes) -> Any:
     """Unpickle a negotiation frame, refusing any global but the engine's message classes."""
-    return _Unpickler(io.BytesIO(payload)).load()
+    return wire.loads(payload, _ALLOWED_CLASSES)
 
 
 def send_msg(sock: socket.socket, obj: Any) -> None:
-    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    sock.sendall(_HEADER.pack(len(payload)) + payload)
+    wire.send_frame(sock, wire.pack(obj))
 
 
 def send_payload(sock: socket.socket, payload: bytes) -> None:
     """Send an already pickled message (the coordinator pickles a response once for all ranks)."""
-    sock.sendall(_HEADER.pack(len(payload)) + payload)
-
-
-def pack(obj: Any) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("peer closed the negotiation channel")
-        got += k
-    return bytes(buf)
+    wire.send_frame(sock, payload)
 
 
 def recv_msg(sock: socket.socket) -> Any:
-    (length,) = _HEADER.unpack(_recv_exact(sock, _HEADER.size))
-    return loads(_recv_exact(sock, length))
+    return loads(wire.recv_frame(sock))
 
 
 def local_address(master_addr: str | None) -> str:
@@ -148,10 +119,10 @@ def accept_workers(
             conn, addr = server.accept()
             try:
                 conn.settimeout(min(HANDSHAKE_TIMEOUT_S, remaining))
-                Connection(conn).authenticate_as_server(key)
-                (rank,) = _HELLO.unpack(_recv_exact(conn, _HELLO.size))
+                wire.authenticate_as_server(conn, key)
+                (rank,) = _HELLO.unpack(wire.recv_exact(conn, _HELLO.size))
                 if not 1 <= rank <= workers or rank in peers:
-                    raise AuthenticationFailed(f"unexpected rank {rank}")
+                    raise wire.AuthenticationFailed(f"unexpected rank {rank}")
             except (OSError, ConnectionError, struct.error) as exc:
                 log.warning("hora.torch: refused a negotiation connection from %s: %s", addr, exc)
                 conn.close()
@@ -173,7 +144,7 @@ def connect(address: str, rank: int, key: bytes, timeout: float) -> socket.socke
     sock = socket.create_connection((host, int(port)), timeout=timeout)
     try:
         sock.settimeout(max(timeout, HANDSHAKE_TIMEOUT_S))
-        Connection(sock).authenticate_as_client(key)
+        wire.authenticate_as_client(sock, key)
         sock.sendall(_HELLO.pack(rank))
     except BaseException:
         sock.close()

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _unflatten_dense_tensors
 
-from hora._channel import Connection
 from hora.collectives._common import Average, Max, Min, Product, Sum
+from hora.wire import channel as wire
 
 SLOT_BYTES = 4 << 20  # per rank and half: 2 ranks map 16 MB in all
 MAX_LAYOUTS = 64  # bucket layouts whose slot views are kept, per half
@@ -206,14 +206,14 @@ def _mesh(
             by_rank[lower] = sock
             sock.settimeout(timeout)
             sock.connect(_socket_name(token, lower))
-            Connection(sock).authenticate_as_client(key)
+            wire.authenticate_as_client(sock, key)
             sock.sendall(_RANK.pack(rank))
         listener.settimeout(timeout)
         while len(by_rank) < size - 1:
             sock, _ = listener.accept()
             sock.settimeout(timeout)
             try:
-                Connection(sock).authenticate_as_server(key)
+                wire.authenticate_as_server(sock, key)
                 (higher,) = _RANK.unpack(sock.recv(_RANK.size, socket.MSG_WAITALL))
             except (OSError, struct.error):
                 sock.close()  # not one of ours: the real ranks still get in

@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hora import _logs
 from hora.collectives._negotiation import Coordinator
-from hora.job.protocol import Stall
+from hora.wire import link
+from hora.wire.protocol import Stall
 
 log = logging.getLogger("hora.torch")
 
@@ -147,7 +147,7 @@ def describe(waiting: list[Waiting], now: float) -> str:
 def report_to_user(text: str | None) -> None:
     """To the driver under hora's launcher (None: the stall is over), else to rank 0's stderr."""
     try:
-        if _logs.send_to_driver(Stall(text)):
+        if link.send_to_driver(Stall(text)):
             return
     except OSError:
         pass  # the driver is gone; this process will be stopped soon

@@ -1,10 +1,15 @@
-"""The engines that can run a job, in one registry: adding one means adding one module.
+"""The engines that can run a job, in one registry: adding one means adding one folder here.
 
-Each engine module declares an `Engine` (`ENGINE = Engine(...)`): its name, how it knows it is
-active (for `backend="auto"`), the options it takes and how it builds the launcher of one attempt.
-`RunConfig`, the doors and the CLI ask this registry, so none of them lists engines itself.
-Engine modules import their framework (pyspark, ray) only when a launcher is built, so asking
-whether an engine is active never imports one.
+Each engine package (`hora.engines.local`, `.spark`, `.ray`) declares an `Engine` in its
+`__init__`: its name, how it knows it is active (for `backend="auto"`), the options it takes,
+and where its launcher lives. The declaration imports nothing heavy: the launcher's module (and
+with it pyspark or ray) is imported only when a launcher is built, so `RunConfig(np=2)` or
+asking whether Spark is active never loads an engine. `RunConfig`, the doors and the CLI ask this
+registry, so none of them lists engines itself.
+
+Beside the registry: `base` (what every launcher implements), `process` (one worker process),
+`rendezvous` (the torch store the launcher hosts), `supervisor` (a rank's supervisor on a
+cluster engine, shared by Spark tasks and Ray actors).
 """
 
 from __future__ import annotations
@@ -17,14 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hora.config import RunConfig
-    from hora.launchers._base import Launcher
+    from hora.engines.base import Launcher
 
-#: Where the engines live. The order is `auto`'s: the first active engine wins, so a cluster the
-#: program has started (a SparkSession, then `ray.init()`) is preferred to this machine.
-ENGINE_MODULES = ("hora.spark._engine", "hora.ray._engine", "hora.launchers.local")
-
-#: (config, use_gpu, restart) -> the launcher of one attempt; it checks the engine first
-MakeLauncher = Callable[["RunConfig", "bool | None", bool], "Launcher"]
+#: Where the engines are declared. The order is `auto`'s: the first active engine wins, so a
+#: cluster the program has started (a SparkSession, then `ray.init()`) is preferred to this
+#: machine.
+ENGINE_PACKAGES = ("hora.engines.spark", "hora.engines.ray", "hora.engines.local")
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,9 @@ class Engine:
     name: str
     #: whether the program has this engine's cluster at hand (`auto`); never imports a framework
     is_active: Callable[[], bool]
-    make_launcher: MakeLauncher
+    #: "module:Class" of its `Launcher`, imported only when a launcher is built; the class takes
+    #: `(config, restart)` and checks the engine (cluster, slots, Python) before anything starts
+    launcher: str
     #: the options it takes (`engine_options=`), name -> what it means
     options: Mapping[str, str] = field(default_factory=dict)
     #: turns the user's `engine_options` into the engine's own (defaults filled in), or raises
@@ -42,24 +47,40 @@ class Engine:
     check_options: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     #: whether every rank runs on this machine (a script then need not exist elsewhere)
     on_this_host: bool = False
-    #: for `hora run --backend NAME`: a context that starts and stops the engine's cluster
-    #: connection (a SparkSession, `ray.init()`); None when the engine needs none
-    cli_session: Callable[[], AbstractContextManager[None]] | None = None
+    #: for `hora run --backend NAME`: "module:function" of a context manager that starts and
+    #: stops the engine's cluster connection (a SparkSession, `ray.init()`), raising ValueError
+    #: when it cannot; None when the engine needs none
+    cli_session: str | None = None
     #: one line for `hora run --help`
     summary: str = ""
 
+    def make_launcher(self, config: RunConfig, restart: bool = False) -> Launcher:
+        """The launcher of one attempt. `restart`: a later attempt, which waits (up to
+        `start_timeout`) for lost capacity to return."""
+        launcher_class = _load(self.launcher)
+        return launcher_class(config, restart)
 
-def _load(module: str) -> Engine:
-    engine = importlib.import_module(module).ENGINE
+    def session(self) -> AbstractContextManager[None] | None:
+        """A fresh `cli_session` context, or None."""
+        return _load(self.cli_session)() if self.cli_session else None
+
+
+def _load(where: str) -> Any:
+    module, _, name = where.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _declared(package: str) -> Engine:
+    engine = importlib.import_module(package).ENGINE
     if not isinstance(engine, Engine):
-        raise TypeError(f"{module}.ENGINE is not a hora.engines.Engine")
+        raise TypeError(f"{package}.ENGINE is not a hora.engines.Engine")
     return engine
 
 
 def engines() -> Iterator[Engine]:
     """Every engine, in `auto`'s order."""
-    for module in ENGINE_MODULES:
-        yield _load(module)
+    for package in ENGINE_PACKAGES:
+        yield _declared(package)
 
 
 def names() -> tuple[str, ...]:

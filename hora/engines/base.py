@@ -6,9 +6,9 @@ import queue
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from hora.job.protocol import DriverMessage
+from hora import environment
+from hora.wire.protocol import Boot, DriverMessage
 
 
 @dataclass(frozen=True)
@@ -21,9 +21,10 @@ class LaunchContext:
     events: queue.Queue  # a launcher reports Output, Exited and EngineFailed messages here
     env: Mapping[str, str]
 
-    def boot(self, rank: int) -> dict[str, Any]:
-        """The line a worker reads on stdin to find and authenticate to the driver."""
-        return {"address": list(self.address), "secret": self.secret.hex(), "rank": rank}
+    def boot(self, rank: int) -> Boot:
+        """What a worker reads on stdin to find and authenticate to the driver; the driver's
+        import path goes with it (modules it can import unpickle in the worker)."""
+        return Boot(self.address, self.secret, rank, tuple(environment.driver_sys_path()))
 
     def report(self, message: DriverMessage) -> None:
         self.events.put((None, message))

@@ -7,7 +7,6 @@ each barrier task, so a fresh interpreter (with CUDA_VISIBLE_DEVICES already set
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -15,6 +14,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+
+from hora.wire.protocol import Boot
 
 OnLine = Callable[[str, str], None]  # (stream name, line without its newline)
 OnExit = Callable[[int], None]  # the return code: negative for a signal
@@ -27,7 +28,7 @@ class WorkerProcess:
 
     def __init__(
         self,
-        boot: Mapping[str, object],
+        boot: Boot,
         env: Mapping[str, str],
         on_line: OnLine,
         on_exit: OnExit,
@@ -44,7 +45,7 @@ class WorkerProcess:
         )
         self.pid = self._proc.pid
         assert self._proc.stdin is not None
-        self._proc.stdin.write((json.dumps(dict(boot)) + "\n").encode())
+        self._proc.stdin.write(boot.to_line().encode())
         self._proc.stdin.close()
         self._pumps = [
             threading.Thread(target=_pump, args=(stream, name, on_line), daemon=True)

@@ -1,12 +1,16 @@
 """The driver's job lifecycle, in parts that can be read and tested apart.
 
-- `protocol`: every message between driver, launchers and workers, typed.
+- `launch`: the one entry every door calls: a validated `RunConfig` and a function in, every
+  rank's value out.
 - `group`: one attempt's ranks on one engine (start, their messages, stop).
 - `monitor`: watches one attempt: hands out the job, relays logs, collects results, tells the
   story of a failure.
 - `policy`: decides whether a failed attempt is restarted or fails the run.
 - `driver`: the restart loop that ties them together.
 
-This package imports nothing at import time: workers import `hora.job.protocol` and must stay
-light.
+The messages they exchange with launchers and workers are in `hora.wire.protocol`.
 """
+
+from hora.job.launch import launch as launch
+
+__all__ = ["launch"]

@@ -56,13 +56,11 @@ class Job:
         config: RunConfig,
         payload: bytes,
         new_group: NewGroup,
-        collect_all: bool,
         policy: FailurePolicy | None = None,
     ):
         self.config = config
         self.payload = payload
         self.new_group = new_group
-        self.collect_all = collect_all
         self.policy = policy or FailurePolicy(config.max_restarts)
         self.failed: list[WorkerFailedError] = []  # one story per failed attempt, in order
 
@@ -115,7 +113,7 @@ class Job:
             group,
             config.np,
             self.payload,
-            self.collect_all,
+            config.collect_all,
             timeline,
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
             output_files=self.output_files,

@@ -10,8 +10,9 @@ from __future__ import annotations
 import queue
 from collections.abc import Mapping
 
-from hora import _channel
-from hora.launchers import LaunchContext, Launcher
+from hora.engines.base import LaunchContext, Launcher
+from hora.wire import channel
+from hora.wire.protocol import ALLOWED
 
 
 class WorkerGroup:
@@ -23,7 +24,7 @@ class WorkerGroup:
         self.launcher = launcher
         self.env = dict(env)
         self.events: queue.Queue = queue.Queue()
-        self._server: _channel.Server | None = None
+        self._server: channel.Server | None = None
 
     @property
     def multi_host(self) -> bool:
@@ -31,8 +32,8 @@ class WorkerGroup:
         return self.launcher.multi_host
 
     def start(self) -> None:
-        secret = _channel.new_secret()
-        self._server = _channel.Server(secret, self.events, host=self.launcher.channel_host)
+        secret = channel.new_secret()
+        self._server = channel.Server(secret, self.events, ALLOWED, host=self.launcher.channel_host)
         address = self._server.address
         self.launcher.start(LaunchContext(self.np, address, secret, self.events, self.env))
 

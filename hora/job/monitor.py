@@ -16,10 +16,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hora import _channel
 from hora._output_files import OutputFiles
 from hora.errors import RunTimeoutError, WorkerFailedError
-from hora.job.protocol import (
+from hora.timeline._driver import DriverTimeline
+from hora.wire.channel import Connection
+from hora.wire.protocol import (
     EngineFailed,
     Error,
     Exited,
@@ -30,7 +31,6 @@ from hora.job.protocol import (
     Stall,
     TimelineBatch,
 )
-from hora.timeline._driver import DriverTimeline
 
 TAIL_LINES = 30
 SETTLE_SECONDS = 0.3  # after a first failure, wait this long for its cause to be reported too
@@ -133,7 +133,7 @@ class Monitor:
                 continue
             self.handle(conn, message)
 
-    def handle(self, conn: _channel.Connection | None, message: Any) -> None:
+    def handle(self, conn: Connection | None, message: Any) -> None:
         match message:
             case None:  # a channel closed; the launcher reports the process's exit
                 rank = getattr(conn, "peer", None)

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hora._script import check_script, run_script
-from hora.api import _launch
+from hora.engines.spark.session import active_spark_context
+from hora.job import launch
 from hora.spark import _deepspeed_config
 from hora.spark._deepspeed_config import ConfigSource, DeepspeedConfigError
 from hora.spark._distributor import TorchDistributor
@@ -69,7 +70,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
         if self._config is not None and not self._checked:
             _deepspeed_config.check(self._config, self.num_processes)
             self._checked = True
-        config, use_gpu = self._engine()
+        config = self._engine()
         if not isinstance(train_object, str | os.PathLike):
             if _takes_config(train_object):
                 if CONFIG_KEYWORD in kwargs:
@@ -78,8 +79,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
                         f"{CONFIG_KEYWORD}= of run(): the distributor gives it to the function"
                     )
                 kwargs = {**kwargs, CONFIG_KEYWORD: self._config}
-            results = _launch(train_object, args, kwargs, config, False, use_gpu=use_gpu)
-            return results[0]
+            return launch(train_object, args, kwargs, config)[0]
         if kwargs:
             raise ValueError(
                 "a script takes only string arguments (run(path, '--lr=0.1', ...)); keyword "
@@ -89,15 +89,15 @@ class DeepspeedTorchDistributor(TorchDistributor):
         argv = [str(a) for a in args]
         if self._config is None:
             argv.append("--deepspeed")
-            _launch(run_script, (script, argv), {}, config, collect_all=False, use_gpu=use_gpu)
+            launch(run_script, (script, argv), {}, config)
         elif self.local_mode:  # one file on the driver, read by every rank, removed by the driver
             with _config_file(self.deepspeed_config, self._config) as path:
                 argv += ["--deepspeed", "--deepspeed_config", path]
-                _launch(run_script, (script, argv), {}, config, collect_all=False, use_gpu=use_gpu)
+                launch(run_script, (script, argv), {}, config)
         else:  # executors do not see the driver's files: each rank writes its own copy
             text = json.dumps(self._config)
             job_args = (script, argv, text)
-            _launch(_run_with_config, job_args, {}, config, collect_all=False, use_gpu=use_gpu)
+            launch(_run_with_config, job_args, {}, config)
         return None
 
 
@@ -147,8 +147,6 @@ def _takes_config(fn: Callable[..., Any]) -> bool:
 
 
 def _require_spark_session() -> None:
-    from hora.spark._engine import active_spark_context
-
     if active_spark_context() is None:
         raise RuntimeError(
             "DeepspeedTorchDistributor(localMode=False) runs its processes as Spark tasks and "

@@ -14,8 +14,9 @@ from typing import Any
 
 from hora import environment
 from hora._script import check_script, run_script
-from hora.api import _launch
 from hora.config import RunConfig
+from hora.engines.spark.session import active_spark_context
+from hora.job import launch
 
 
 class TorchDistributor:
@@ -49,7 +50,7 @@ class TorchDistributor:
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run `train_object(*args, **kwargs)` on every rank and return rank 0's value, or run
         the script at path `train_object` with the string arguments `args` and return None."""
-        config, use_gpu = self._engine()
+        config = self._engine()
         if isinstance(train_object, str | os.PathLike):
             if kwargs:
                 raise ValueError(
@@ -58,12 +59,12 @@ class TorchDistributor:
                 )
             script = check_script(os.fspath(train_object))
             argv = [str(a) for a in args]
-            _launch(run_script, (script, argv), {}, config, collect_all=False, use_gpu=use_gpu)
+            launch(run_script, (script, argv), {}, config)
             return None
-        return _launch(train_object, args, kwargs, config, collect_all=False, use_gpu=use_gpu)[0]
+        return launch(train_object, args, kwargs, config)[0]
 
-    def _engine(self) -> tuple[RunConfig, bool | None]:
-        """The run's config and the Spark engine's GPU pinning; checks the session first."""
+    def _engine(self) -> RunConfig:
+        """The run's config (with the Spark engine's GPU pinning); checks the session first."""
         if not self.local_mode:
             _require_spark_session()
         env: dict[str, str] = {}
@@ -74,14 +75,14 @@ class TorchDistributor:
             backend="local" if self.local_mode else "spark",
             env=env,
             max_restarts=self.max_restarts,
+            use_gpu=None if self.local_mode else self.use_gpu,
+            collect_all=False,
         )
-        return config, None if self.local_mode else self.use_gpu
+        return config
 
 
 def _require_spark_session() -> None:
     """Say what to do in this door's words, before the engine would in Runner's."""
-    from hora.spark._engine import active_spark_context
-
     if active_spark_context() is None:
         raise RuntimeError(
             "TorchDistributor(local_mode=False) runs its processes as Spark tasks and needs an "
@@ -109,8 +110,6 @@ def _driver_gpus(num_processes: int) -> list[str]:
 
 
 def _spark_driver_gpus() -> list[str] | None:
-    from hora.spark._engine import active_spark_context
-
     sc = active_spark_context()
     if sc is None:
         return None

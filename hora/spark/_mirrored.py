@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
-from hora.api import _launch
+from hora import environment
 from hora.config import RunConfig
-from hora.environment import read_int
+from hora.engines.spark.session import active_spark_context
+from hora.job import launch
 
 __all__ = ["MirroredStrategyRunner"]
 
@@ -83,16 +84,16 @@ class MirroredStrategyRunner:
                 from hora.spark._distributor import _driver_gpus
 
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(_driver_gpus(self.num_slots))
-            config = RunConfig(np=1, backend="local", env=env)
-            return _launch(_train, job, {}, config, collect_all=False, use_gpu=None)[0]
+            config = RunConfig(np=1, backend="local", env=env, collect_all=False)
+            return launch(_train, job, {}, config)[0]
         _require_spark_session()
-        config = RunConfig(np=self.get_num_tasks(), backend="spark")
-        return _launch(_train, job, {}, config, collect_all=False, use_gpu=self.use_gpu)[0]
+        config = RunConfig(
+            np=self.get_num_tasks(), backend="spark", use_gpu=self.use_gpu, collect_all=False
+        )
+        return launch(_train, job, {}, config)[0]
 
 
 def _require_spark_session() -> None:
-    from hora.spark._engine import active_spark_context
-
     if active_spark_context() is None:
         raise RuntimeError(
             "MirroredStrategyRunner(local_mode=False) runs its workers as Spark tasks and needs "
@@ -102,8 +103,6 @@ def _require_spark_session() -> None:
 
 
 def _spark_conf(key: str) -> str | None:
-    from hora.spark._engine import active_spark_context
-
     context = active_spark_context()
     return None if context is None else context.getConf().get(key, None)
 
@@ -132,19 +131,20 @@ def tf_config() -> Iterator[dict[str, Any] | None]:
     The endpoints are agreed through the run's rendezvous store (the TCPStore every rank's
     MASTER_ADDR:MASTER_PORT names), keyed by the attempt so a restart never reads stale ones.
     """
-    rank = read_int("RANK", "HOROVOD_RANK") or 0
-    size = read_int("WORLD_SIZE", "HOROVOD_SIZE") or 1
+    here = environment.current()
+    rank, size = here.rank or 0, here.size or 1
     if size == 1:  # one worker: TensorFlow needs no cluster
         yield None
         return
-    master = os.environ["MASTER_ADDR"]
-    master_port = int(os.environ["MASTER_PORT"])
+    master, master_port = here.master_addr, here.master_port
+    if master is None or master_port is None:
+        raise RuntimeError(f"rank {rank} of {size} has no MASTER_ADDR/MASTER_PORT to meet at")
     reservation = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     reservation.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         reservation.bind(("", 0))
         endpoint = f"{_reachable_address(master, master_port)}:{reservation.getsockname()[1]}"
-        workers = _exchange(master, master_port, rank, size, endpoint)
+        workers = _exchange(master, master_port, rank, size, endpoint, here.attempt)
         config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
         os.environ["TF_CONFIG"] = json.dumps(config)
         yield config
@@ -163,10 +163,11 @@ def _reachable_address(master: str, port: int) -> str:
         probe.close()
 
 
-def _exchange(master: str, port: int, rank: int, size: int, endpoint: str) -> list[str]:
+def _exchange(
+    master: str, port: int, rank: int, size: int, endpoint: str, attempt: int
+) -> list[str]:
     import torch.distributed as dist
 
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.TCPStore(master, port, is_master=False, timeout=timedelta(seconds=300))
     prefix = f"hora/tf_config/{attempt}/"
     store.set(f"{prefix}{rank}", endpoint)

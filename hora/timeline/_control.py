@@ -20,6 +20,9 @@ from contextlib import ContextDecorator
 from dataclasses import dataclass
 from typing import Any
 
+from hora.wire import link
+from hora.wire.protocol import TimelineBatch
+
 PATH_VARS = ("HORA_TIMELINE", "HOROVOD_TIMELINE")  # the first one set wins
 MARK_CYCLES_VAR = "HOROVOD_TIMELINE_MARK_CYCLES"
 DYNAMIC = "DYNAMIC"
@@ -111,13 +114,14 @@ def stop_timeline() -> None:
         rec, _active = _active, None
     if rec is None:
         return
-    from hora import _logs
     from hora.collectives import _timeline_hooks
 
     if _timeline_hooks.recorder is rec.recorder:
         _timeline_hooks.set_recorder(None)
-    with contextlib.suppress(ValueError):
-        _logs.before_detach.remove(stop_timeline)
+    driver = link.current()
+    if driver is not None:
+        with contextlib.suppress(ValueError):
+            driver.before_detach.remove(stop_timeline)
     rec.recorder.stop_marker()
     rec.flusher.close()
     rec.close()
@@ -153,9 +157,7 @@ class timeline_context(ContextDecorator):  # lower case: used like a function, a
 
 # -- internals ------------------------------------------------------------------------------
 def _under_launcher() -> bool:
-    from hora import _logs
-
-    return _logs._channel is not None
+    return link.current() is not None
 
 
 def _agree_job(size: int, group: Any) -> str:
@@ -171,24 +173,22 @@ def _agree_job(size: int, group: Any) -> str:
 
 def _start(path: str, mark_cycles: bool) -> None:
     global _active
-    from hora import _logs
     from hora.collectives import _timeline_hooks
-    from hora.job.protocol import TimelineBatch
     from hora.timeline._recorder import BufferRecorder, Flusher, pack
 
     recorder = BufferRecorder(mark_cycles)
-    if _under_launcher():
-        conn, rank = _logs._channel, _rank
-        assert conn is not None
+    driver = link.current()
+    if driver is not None:
+        rank = _rank
 
         def ship(batch: list[Any]) -> None:
             with contextlib.suppress(OSError):  # the driver is gone: nobody will read it
-                conn.send(TimelineBatch(rank, path, pack(batch)))
+                driver.send(TimelineBatch(rank, path, pack(batch)))
 
         flusher = Flusher(recorder, ship)
         recording = _Recording(recorder, flusher, lambda: None, path)
         # The job's result closes the channel: ship the rest before it goes.
-        _logs.before_detach.append(stop_timeline)
+        driver.before_detach.append(stop_timeline)
     else:
         from hora.timeline._events import RankTrack
         from hora.timeline._file import TraceFile

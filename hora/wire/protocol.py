@@ -3,20 +3,55 @@
 One module, so that a reader sees the whole conversation in one place and a sender and its
 receiver cannot drift apart on a tuple's order. Messages are NamedTuples: immutable, cheap to
 pickle over the channel, and matched by type (`match message: case Output(...)`), not by a string
-tag. Nothing here imports more than the standard library: the worker bootstrap and Spark's
-Python workers import it too.
+tag. Nothing here imports more than the standard library and the channel: the worker bootstrap
+and Spark's Python workers import it too.
 
 Who sends what:
 
+- launcher -> worker process (one JSON line on its stdin): Boot
 - worker -> driver (the job's channel): Hello, Output, Result, Error, TimelineBatch, Stall
 - driver -> worker: Payload
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
-- Spark task supervisor <-> the Spark launcher: TaskReady, Output, Exited / Go, Refuse, Stop
+- rank supervisor (a Spark task, a Ray actor) <-> its launcher: TaskReady, Output, Exited /
+  Go, Refuse, Stop
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, NamedTuple
+
+from hora.wire.channel import allowed_classes
+
+# -- launcher -> worker process -----------------------------------------------------------------
+
+
+class Boot(NamedTuple):
+    """What a worker process reads on stdin to find the driver and prove it belongs to the run.
+
+    Never in the environment, which other processes of the user can read.
+    """
+
+    address: tuple[str, int]  # the job channel
+    secret: bytes
+    rank: int
+    sys_path: tuple[str, ...] = ()  # the driver's import path, appended in the worker
+
+    def to_line(self) -> str:
+        fields = {"address": list(self.address), "secret": self.secret.hex(), "rank": self.rank}
+        return json.dumps(fields | {"sys_path": list(self.sys_path)}) + "\n"
+
+    @classmethod
+    def from_line(cls, line: str) -> Boot:
+        data = json.loads(line)
+        host, port = data["address"]
+        return cls(
+            (str(host), int(port)),
+            bytes.fromhex(data["secret"]),
+            int(data["rank"]),
+            tuple(data.get("sys_path", ())),
+        )
+
 
 # -- worker -> driver ---------------------------------------------------------------------------
 
@@ -108,10 +143,20 @@ class TaskReady(NamedTuple):
     info: dict[str, Any]
 
 
-class Go(NamedTuple):
-    """Every task is up: start the worker with this plan (hosts, store, GPUs, user env)."""
+class Plan(NamedTuple):
+    """How every rank of an attempt starts, once each supervisor has said where it is."""
 
-    plan: dict[str, Any]
+    ranks: list[dict[str, Any]]  # each rank's supervisor's report: host, gpus, cpus, ...
+    master: tuple[str, int]  # the torch store the launcher hosts
+    use_gpu: bool
+    user_env: dict[str, str]
+    cwd: str  # the driver's working folder, used where it exists
+
+
+class Go(NamedTuple):
+    """Every task is up: start the worker with this plan."""
+
+    plan: Plan
 
 
 class Refuse(NamedTuple):
@@ -126,3 +171,10 @@ class Stop(NamedTuple):
 
 #: what the job's event queue carries from the launchers and the workers
 DriverMessage = Hello | Output | Result | Error | TimelineBatch | Stall | Exited | EngineFailed
+
+#: the only classes a job channel's frame may name (hora.wire.channel's allow-list)
+ALLOWED = allowed_classes(
+    *(Hello, Output, Result, Error, TimelineBatch, Stall),  # worker -> driver
+    Payload,  # driver -> worker
+    *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
+)

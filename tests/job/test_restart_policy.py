@@ -17,7 +17,7 @@ from hora.config import RunConfig
 from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.job.driver import Attempt, Job
 from hora.job.policy import FailurePolicy
-from hora.job.protocol import Error, Exited, Hello, Payload, Result, TimelineBatch
+from hora.wire.protocol import Error, Exited, Hello, Payload, Result, TimelineBatch
 
 
 class FakeConnection:
@@ -80,7 +80,7 @@ def run_scripted(
         groups.append(group)
         return group
 
-    job = Job(RunConfig(np=2, **config), b"job", new_group, collect_all=True)
+    job = Job(RunConfig(np=2, collect_all=True, **config), b"job", new_group)
     try:
         return job.run(), groups
     finally:
@@ -123,7 +123,7 @@ def test_the_payload_is_handed_to_each_attempts_ranks():
         groups.append(Recording([sigkilled(0), succeeds()][attempt.index], dict(env)))
         return groups[-1]
 
-    Job(RunConfig(np=2, max_restarts=1), b"job", new_group, collect_all=False).run()
+    Job(RunConfig(np=2, max_restarts=1, collect_all=False), b"job", new_group).run()
     assert [c.sent for c in conns] == [[Payload(b"job", r == 0)] for r in (0, 1)] * 2
 
 

@@ -16,12 +16,12 @@ import time
 import pytest
 
 import hora
-from hora import _channel
 from hora.config import RunConfig
-from hora.job.protocol import EngineFailed, Hello, Refuse, TaskReady
-from hora.launchers import LaunchContext
+from hora.engines.base import LaunchContext
+from hora.engines.spark.engine import SparkLauncher
 from hora.spark import TorchDistributor
-from hora.spark._engine import SparkLauncher
+from hora.wire import channel as _channel
+from hora.wire.protocol import ALLOWED, EngineFailed, Hello, Refuse, TaskReady
 from tests import _workers
 from tests.spark import _jobs
 from tests.spark.conftest import start_spark, stop_spark
@@ -151,12 +151,14 @@ def test_a_rank_is_never_started_twice(spark):
     """If Spark re-attempts a task, its supervisor is refused and the job is failed instead."""
     events: queue.Queue = queue.Queue()
     secret = _channel.new_secret()
-    job_channel = _channel.Server(secret, events)  # the workers dial it; nobody sends a payload
+    # The workers dial it; nobody sends a payload.
+    job_channel = _channel.Server(secret, events, ALLOWED)
     launcher = SparkLauncher(RunConfig(np=1, backend="spark"))
     launcher.start(LaunchContext(1, job_channel.address, secret, events, {}))
     try:
         _wait_for(events, lambda m: isinstance(m, Hello))  # rank 0 is running
-        again = _channel.connect(launcher._server.address, secret)  # what a re-attempt does
+        # What a re-attempt does:
+        again = _channel.connect(launcher._server.address, secret, ALLOWED)
         again.send(TaskReady(0, {"attempt": 1, "stage": 0}))
         reply = again.recv()
         again.close()

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import hora
-from hora.spark import _failures as _spark_failures
+from hora.engines.spark import failures as _spark_failures
 from tests import _workers
 from tests.spark import _jobs
 from tests.spark.conftest import start_spark, stop_spark

@@ -14,9 +14,9 @@ import pytest
 
 from hora import environment
 from hora.config import RunConfig
+from hora.engines.base import LaunchContext, Launcher
 from hora.job.driver import Job
 from hora.job.group import WorkerGroup
-from hora.launchers import LaunchContext, Launcher
 from hora.timeline._events import STOP, RankTrack
 from hora.timeline._file import HEADER_NAME, TraceFile
 from hora.timeline._summary import format_summary, load_trace, summarize
@@ -199,7 +199,7 @@ def test_timeline_variables_set_on_the_driver_are_sent_to_every_engine(monkeypat
     launcher = _Capture()
     config = RunConfig(np=2, env={"HOROVOD_TIMELINE_MARK_CYCLES": "0", "OTHER": "x"})
     with pytest.raises(RuntimeError, match="captured"):
-        Job(config, b"", lambda _a, env: WorkerGroup(2, launcher, env), collect_all=False).run()
+        Job(config, b"", lambda _a, env: WorkerGroup(2, launcher, env)).run()
     assert launcher.env == {
         "HOROVOD_TIMELINE": "/somewhere/trace.json",
         "HOROVOD_TIMELINE_MARK_CYCLES": "0",  # the run's own env wins

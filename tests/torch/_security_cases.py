@@ -11,8 +11,8 @@ import struct
 import torch
 
 import hora.torch as hvd
-from hora import _logs
 from hora.collectives import _channel
+from hora.wire import link
 
 
 class Touch:
@@ -27,7 +27,7 @@ class Touch:
 
 def evil_frame(path: str) -> bytes:
     payload = pickle.dumps([Touch(path)], protocol=pickle.HIGHEST_PROTOCOL)
-    return struct.pack("!I", len(payload)) + payload
+    return struct.pack("!Q", len(payload)) + payload
 
 
 class _Refusals(logging.Handler):
@@ -43,7 +43,7 @@ class _Refusals(logging.Handler):
 def intruder_before_init(marker: str, store_mode: bool) -> dict[str, object]:
     """Rank 1 sends a malicious pickle to rank 0's port (no key) before connecting for real."""
     if store_mode:  # behave as under torchrun: no launcher key, the key comes from the store
-        _logs._negotiation_key = None
+        link._current = None
     refusals = _Refusals()
     logging.getLogger("hora.torch").addHandler(refusals)
     real_connect = _channel.connect

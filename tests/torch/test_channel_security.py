@@ -12,10 +12,10 @@ import threading
 import pytest
 
 import hora
-from hora._channel import AuthenticationFailed, Connection
 from hora.collectives import _channel
 from hora.collectives._engine import Shutdown
 from hora.collectives._negotiation import Bucket, CacheDrop, Entry, Failure, JoinDone, Request
+from hora.wire.channel import AuthenticationFailed, recv_frame, send_frame
 from tests.torch import _security_cases
 from tests.torch._security_cases import Touch, evil_frame
 
@@ -91,11 +91,10 @@ def test_a_worker_refuses_a_coordinator_without_the_key(tmp_path) -> None:
     def fake_coordinator() -> None:
         conn, _ = listener.accept()
         with conn:
-            fake = Connection(conn)
-            fake._send_bytes(os.urandom(32))  # a challenge
-            fake._recv_bytes(limit=64)  # the worker's answer and its own challenge
-            fake._send_bytes(os.urandom(32))  # a guess instead of the HMAC
-            fake._send_bytes(pickle.dumps([Touch(marker)]))
+            send_frame(conn, os.urandom(32))  # a challenge
+            recv_frame(conn, limit=64)  # the worker's answer and its own challenge
+            send_frame(conn, os.urandom(32))  # a guess instead of the HMAC
+            send_frame(conn, pickle.dumps([Touch(marker)]))
             conn.settimeout(20)
             try:
                 while data := conn.recv(4096):
@@ -142,7 +141,7 @@ def test_a_forbidden_class_in_a_frame_is_refused(tmp_path) -> None:
     a, b = socket.socketpair()
     try:
         payload = pickle.dumps([Touch(marker)])
-        a.sendall(struct.pack("!I", len(payload)) + payload)
+        a.sendall(struct.pack("!Q", len(payload)) + payload)
         with pytest.raises(_channel.ForbiddenFrame):
             _channel.recv_msg(b)
     finally:

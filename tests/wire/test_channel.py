@@ -11,7 +11,8 @@ import threading
 
 import pytest
 
-from hora import _channel
+from hora.wire import channel as _channel
+from hora.wire.protocol import ALLOWED
 
 
 class Boom:
@@ -32,14 +33,14 @@ def _read_challenge(sock: socket.socket) -> bytes:
 @pytest.fixture
 def server():
     inbox: queue.Queue = queue.Queue()
-    srv = _channel.Server(_channel.new_secret(), inbox)
+    srv = _channel.Server(_channel.new_secret(), inbox, ALLOWED)
     yield srv, inbox
     srv.close()
 
 
 def test_authenticated_round_trip(server):
     srv, inbox = server
-    conn = _channel.connect(srv.address, srv._secret)
+    conn = _channel.connect(srv.address, srv._secret, ALLOWED)
     conn.send(("hello", 1))
     peer, message = inbox.get(timeout=5)
     assert message == ("hello", 1)
@@ -52,7 +53,7 @@ def test_authenticated_round_trip(server):
 def test_wrong_secret_is_refused_and_nothing_is_delivered(server):
     srv, inbox = server
     with pytest.raises((_channel.AuthenticationFailed, ConnectionError)):
-        conn = _channel.connect(srv.address, b"not the secret" * 3)
+        conn = _channel.connect(srv.address, b"not the secret" * 3, ALLOWED)
         conn.recv()
     with pytest.raises(queue.Empty):
         inbox.get(timeout=0.5)
@@ -93,6 +94,6 @@ def test_a_worker_refuses_a_driver_without_the_secret():
     thread = threading.Thread(target=impostor, daemon=True)
     thread.start()
     with pytest.raises(_channel.AuthenticationFailed, match="driver failed to prove"):
-        _channel.connect(listener.getsockname(), _channel.new_secret())
+        _channel.connect(listener.getsockname(), _channel.new_secret(), ALLOWED)
     thread.join(timeout=5)
     listener.close()

@@ -1,16 +1,18 @@
-"""The local engine: `np` worker processes on this machine, the driver's children."""
+"""The local engine's launcher: `np` worker processes on this machine, the driver's children."""
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hora import environment
-from hora.engines import Engine
-from hora.job.protocol import Exited, Output
-from hora.launchers._base import LaunchContext, Launcher
-from hora.launchers._process import WorkerProcess, stop_all
-from hora.launchers._rendezvous import host_store
+from hora.engines.base import LaunchContext, Launcher
+from hora.engines.process import WorkerProcess, stop_all
+from hora.engines.rendezvous import host_store
+from hora.wire.protocol import Exited, Output
+
+if TYPE_CHECKING:
+    from hora.config import RunConfig
 
 LOOPBACK = "127.0.0.1"
 STOP_GRACE_SECONDS = 3.0
@@ -19,19 +21,18 @@ STOP_GRACE_SECONDS = 3.0
 class LocalLauncher(Launcher):
     channel_host = LOOPBACK
 
-    def __init__(self) -> None:
+    def __init__(self, config: RunConfig | None = None, restart: bool = False) -> None:
         self._workers: list[WorkerProcess] = []
         self._store: Any = None
 
     def start(self, ctx: LaunchContext) -> None:
         self._store, port = host_store(LOOPBACK)
-        sys_path = environment.driver_sys_path()
         for place in environment.placements([LOOPBACK] * ctx.np):
             env = environment.worker_env(place, LOOPBACK, port, user_env=ctx.env)
             rank = place.rank
             self._workers.append(
                 WorkerProcess(
-                    ctx.boot(rank) | {"sys_path": sys_path},
+                    ctx.boot(rank),
                     env,
                     on_line=lambda stream, line, r=rank: ctx.report(Output(r, stream, line)),
                     on_exit=lambda code, r=rank: ctx.report(Exited(r, code)),
@@ -43,12 +44,3 @@ class LocalLauncher(Launcher):
         stop_all(self._workers, STOP_GRACE_SECONDS)
         self._workers = []
         self._store = None
-
-
-ENGINE = Engine(
-    name="local",
-    is_active=lambda: True,
-    make_launcher=lambda config, use_gpu, restart: LocalLauncher(),
-    on_this_host=True,
-    summary="processes on this machine (the default)",
-)

@@ -1,8 +1,8 @@
-"""The Ray engine: one Ray actor per rank, each in its own bundle of one placement group.
+"""The Ray engine's launcher: one Ray actor per rank, each in its own bundle of one placement group.
 
 The placement group reserves every rank's CPUs (and GPUs) at once, so a job starts whole or not
 at all, on nodes chosen by the strategy the user asks for (`PACK` by default, `SPREAD`, ...).
-Each actor (`_actor.RankSupervisor`) starts the rank's worker in a fresh Python process, exactly
+Each actor (`actor.RankSupervisor`) starts the rank's worker in a fresh Python process, exactly
 as a Spark task does, so logs, results, failures, timeouts, restarts, the timeline and
 hora.torch behave as on the other engines. The driver hosts the torch store and the job channel
 on its Ray node's address. After every attempt (success, failure, timeout, Ctrl-C) the actors
@@ -16,57 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hora import environment
-from hora.config import RunConfig
-from hora.engines import Engine
-from hora.job.protocol import EngineFailed
-from hora.launchers._base import LaunchContext, Launcher
-from hora.launchers._rendezvous import host_store
+from hora.engines.base import LaunchContext, Launcher
+from hora.engines.ray.actor import RankSupervisor
+from hora.engines.rendezvous import host_store
+from hora.engines.supervisor import STOP_GRACE_SECONDS
+from hora.wire.protocol import EngineFailed, Plan
 
-STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-OPTIONS = {
-    "placement_strategy": "how the ranks' bundles are placed on nodes: PACK (default: as few "
-    "nodes as possible), SPREAD, STRICT_PACK (one node) or STRICT_SPREAD (one node each)",
-    "num_cpus_per_rank": "CPUs each rank's bundle reserves (default 1); also its threads",
-    "num_gpus_per_rank": "GPUs each rank's bundle reserves (default 0, or 1 with use_gpu=True)",
-}
+if TYPE_CHECKING:
+    from hora.config import RunConfig
+
 LOOPBACK = "127.0.0.1"
-STOP_GRACE_SECONDS = 3.0  # the actors' own SIGTERM -> SIGKILL grace
 KILL_WAIT_SECONDS = 10.0
-
-
-def ray_is_active() -> bool:
-    """Whether this program has connected to Ray (`ray.init()`); never imports ray itself."""
-    if "ray" not in sys.modules:
-        return False
-    import ray
-
-    return bool(ray.is_initialized())
-
-
-def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    strategy = str(options.get("placement_strategy", "PACK")).upper()
-    if strategy not in STRATEGIES:
-        raise ValueError(
-            f"placement_strategy must be one of {', '.join(STRATEGIES)}, got "
-            f"{options.get('placement_strategy')!r}"
-        )
-    checked: dict[str, Any] = {"placement_strategy": strategy}
-    for name, default in (("num_cpus_per_rank", 1), ("num_gpus_per_rank", 0)):
-        value = options.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        checked[name] = value
-    if checked["num_cpus_per_rank"] == 0 and checked["num_gpus_per_rank"] == 0:
-        raise ValueError("num_cpus_per_rank and num_gpus_per_rank cannot both be 0")
-    return checked
 
 
 def _ray() -> Any:
@@ -88,14 +53,14 @@ class RayLauncher(Launcher):
 
     multi_host = True
 
-    def __init__(self, config: RunConfig, use_gpu: bool | None = None, restart: bool = False):
+    def __init__(self, config: RunConfig, restart: bool = False):
         ray = _ray()
         options = config.engine_options
         self.cpus = float(options["num_cpus_per_rank"])
         self.gpus = float(options["num_gpus_per_rank"])
-        if use_gpu and self.gpus == 0:
+        if config.use_gpu and self.gpus == 0:
             self.gpus = 1.0
-        self.use_gpu = self.gpus > 0 if use_gpu is None else bool(use_gpu)
+        self.use_gpu = self.gpus > 0 if config.use_gpu is None else bool(config.use_gpu)
         self.strategy = options["placement_strategy"]
         self._np = config.np
         if not restart:  # a restart waits (up to start_timeout) for lost nodes to come back
@@ -120,8 +85,6 @@ class RayLauncher(Launcher):
         ray = _ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        from hora.ray._actor import RankSupervisor
 
         self._ctx = ctx
         self._store, port = host_store(self.channel_host)
@@ -156,21 +119,12 @@ class RayLauncher(Launcher):
             ranks = ray.get([actor.where.remote() for actor in self._actors])
             if self.one_machine:
                 ranks = [r | {"host": LOOPBACK} for r in ranks]
-            plan = {
-                "ranks": ranks,
-                "master": self._master,
-                "channel": ctx.address,
-                "use_gpu": self.use_gpu,
-                "user_env": dict(ctx.env),
-                "cwd": os.getcwd(),
-            }
-            sys_path = environment.driver_sys_path()
+            plan = Plan(ranks, self._master, self.use_gpu, dict(ctx.env), os.getcwd())
             with self._lock:
                 if self._stopping.is_set():
                     return
                 for rank, actor in enumerate(self._actors):
-                    boot = ctx.boot(rank) | {"sys_path": sys_path}
-                    self._runs[actor.run.remote(plan, boot, ctx.secret)] = rank
+                    self._runs[actor.run.remote(plan, ctx.boot(rank))] = rank
         except Exception as exc:
             if not self._stopping.is_set():
                 ctx.report(EngineFailed(0, f"Ray could not start the ranks: {exc}", ""))
@@ -253,34 +207,3 @@ def _check_capacity(ray: Any, np: int, cpus: float, gpus: float) -> None:
             f"np={np} needs more than this Ray cluster has ({'; '.join(short)}): lower np, "
             "num_cpus_per_rank or num_gpus_per_rank (engine_options), or add nodes"
         )
-
-
-@contextlib.contextmanager
-def _cli_session() -> Iterator[None]:
-    """A Ray connection for `hora run --backend ray`: RAY_ADDRESS's cluster, else a local Ray
-    started for the command; disconnected at the end."""
-    from hora._script import UsageError
-
-    try:
-        import ray
-    except ImportError:
-        raise UsageError("--backend ray needs Ray: pip install 'hora[ray]'") from None
-    try:
-        ray.init(include_dashboard=False, log_to_driver=False)
-    except Exception as exc:
-        raise UsageError(f"--backend ray could not connect to Ray: {exc}") from exc
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-ENGINE = Engine(
-    name="ray",
-    is_active=ray_is_active,
-    make_launcher=lambda config, use_gpu, restart: RayLauncher(config, use_gpu, restart),
-    options=OPTIONS,
-    check_options=check_options,
-    cli_session=_cli_session,
-    summary="one Ray actor per rank in a placement group (RAY_ADDRESS's cluster, else a local Ray)",
-)

@@ -1,6 +1,6 @@
-"""The Spark engine: one barrier stage of `np` tasks on the active SparkSession, one rank per task.
+"""The Spark engine's launcher: one barrier stage of `np` tasks, one rank per task.
 
-Each task is a supervisor (`_task.supervise`) that starts the worker in a fresh Python
+Each task is a supervisor (`task.supervise`) that starts the worker in a fresh Python
 process; the workers then talk to the driver's job channel exactly as local workers do. This
 launcher is the supervisors' side on the driver: it hosts the torch store (as the local launcher
 does, so no rank races for a port), acts as the rendezvous (every task reports its host and GPUs,
@@ -8,10 +8,10 @@ and once all have, each gets the plan; Spark's own `allGather` costs a second pe
 output lines and exit codes to the job, and stops everything: first by telling the supervisors,
 then by cancelling the stage's job tag.
 
-Each task first runs `_entry` (shipped by value), which refuses to start a rank on a Python
+Each task first runs `entry` (shipped by value), which refuses to start a rank on a Python
 unlike the driver's; on a local or local-cluster master the tasks get the driver's interpreter
-in the first place (`_checks.python_for_tasks`). A failed stage is reported as the task that
-failed and why (`_failures`), never as a rank that did not run.
+in the first place (`checks.python_for_tasks`). A failed stage is reported as the task that
+failed and why (`failures`), never as a rank that did not run.
 
 A rank is started at most once per run: if Spark ever re-attempts a task or the stage, the
 supervisor of the re-attempt is refused and the job fails, rather than re-running a
@@ -22,37 +22,41 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import queue
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hora import _channel, environment
-from hora.config import RunConfig
-from hora.engines import Engine
-from hora.job.protocol import EngineFailed, Exited, Go, Output, Refuse, Stop, TaskReady
-from hora.launchers._base import LaunchContext, Launcher
-from hora.launchers._rendezvous import host_store
-from hora.spark import _checks as _spark_checks
-from hora.spark import _entry as _spark_entry
-from hora.spark import _failures as _spark_failures
-from hora.spark._task import TaskSpec
+from hora import environment
+from hora.engines.base import LaunchContext, Launcher
+from hora.engines.rendezvous import host_store
+from hora.engines.spark import checks as _spark_checks
+from hora.engines.spark import entry as _spark_entry
+from hora.engines.spark import failures as _spark_failures
+from hora.engines.spark.session import active_spark_context
+from hora.engines.spark.task import TaskSpec
+from hora.engines.supervisor import STOP_GRACE_SECONDS
+from hora.wire import channel
+from hora.wire.protocol import (
+    ALLOWED,
+    EngineFailed,
+    Exited,
+    Go,
+    Output,
+    Plan,
+    Refuse,
+    Stop,
+    TaskReady,
+)
 
-STOP_GRACE_SECONDS = 3.0  # the supervisors' own SIGTERM -> SIGKILL grace
+if TYPE_CHECKING:
+    from hora.config import RunConfig
+
 CANCEL_WAIT_SECONDS = 5.0
 _PYTHON_EXEC_LOCK = threading.Lock()  # two runs at once must not restore each other's choice
-
-
-def active_spark_context() -> Any:
-    """The active SparkContext, or None; never imports pyspark if the program has not."""
-    if "pyspark" not in sys.modules:
-        return None
-    from pyspark import SparkContext
-
-    return SparkContext._active_spark_context
 
 
 class SparkLauncher(Launcher):
@@ -60,7 +64,7 @@ class SparkLauncher(Launcher):
 
     multi_host = True
 
-    def __init__(self, config: RunConfig, use_gpu: bool | None = None, restart: bool = False):
+    def __init__(self, config: RunConfig, restart: bool = False):
         sc = active_spark_context()
         if sc is None:
             raise RuntimeError(
@@ -70,7 +74,7 @@ class SparkLauncher(Launcher):
             )
         _spark_checks.check_ssl(sc)
         _spark_checks.check_dynamic_allocation(sc)
-        self.use_gpu = _spark_checks.resolve_use_gpu(sc, use_gpu)
+        self.use_gpu = _spark_checks.resolve_use_gpu(sc, config.use_gpu)
         self.python = _spark_checks.python_for_tasks(sc)
         if restart:  # a lost executor is being replaced: wait for it, up to start_timeout
             _spark_checks.check_slots(sc, config.np, wait=config.start_timeout, settle=None)
@@ -84,12 +88,12 @@ class SparkLauncher(Launcher):
         self._np = config.np
         self._lock = threading.Lock()
         self._tasks: dict[int, dict[str, Any]] = {}
-        self._supervisors: dict[int, _channel.Connection] = {}
+        self._supervisors: dict[int, channel.Connection] = {}
         self._exited: set[int] = set()
         self._planned = False  # every task has registered and been told to start its rank
         self._stopping = threading.Event()
         self._inbox: queue.Queue = queue.Queue()
-        self._server: _channel.Server | None = None
+        self._server: channel.Server | None = None
         self._store: Any = None
         self._threads: list[threading.Thread] = []
         self._ctx: LaunchContext | None = None
@@ -99,7 +103,7 @@ class SparkLauncher(Launcher):
         self._ctx = ctx
         self._store, port = host_store(self.channel_host)
         self._master = (self.channel_host, port)
-        self._server = _channel.Server(ctx.secret, self._inbox, host=self.channel_host)
+        self._server = channel.Server(ctx.secret, self._inbox, ALLOWED, host=self.channel_host)
         spec = TaskSpec(
             address=self._server.address,
             worker_address=ctx.address,
@@ -170,7 +174,7 @@ class SparkLauncher(Launcher):
                     self._exited.add(message.rank)
                 self._report(message)
 
-    def _register(self, conn: _channel.Connection, rank: int, info: dict[str, Any]) -> None:
+    def _register(self, conn: channel.Connection, rank: int, info: dict[str, Any]) -> None:
         if not (isinstance(rank, int) and 0 <= rank < self._np):
             conn.close()
             return
@@ -193,17 +197,18 @@ class SparkLauncher(Launcher):
             ready = len(self._tasks) == self._np
         if ready:
             self._planned = True
-            plan = {
-                "tasks": [self._tasks[r] for r in range(self._np)],
-                "master": self._master,
-                "use_gpu": self.use_gpu,
-                "user_env": dict(self._ctx.env) if self._ctx else {},
-            }
+            plan = Plan(
+                ranks=[self._tasks[r] for r in range(self._np)],
+                master=self._master,
+                use_gpu=self.use_gpu,
+                user_env=dict(self._ctx.env) if self._ctx else {},
+                cwd=os.getcwd(),
+            )
             for r in range(self._np):
                 with contextlib.suppress(OSError):
                     self._supervisors[r].send(Go(plan))
 
-    def _closed(self, conn: _channel.Connection) -> None:
+    def _closed(self, conn: channel.Connection) -> None:
         rank = conn.peer
         if rank is None or rank in self._exited or self._stopping.is_set():
             return
@@ -265,37 +270,3 @@ def _tasks_python(sc: Any, python: str | None) -> Iterator[None]:
             yield
         finally:
             sc.pythonExec = saved
-
-
-@contextlib.contextmanager
-def _cli_session() -> Iterator[None]:
-    """A SparkSession for `hora run --backend spark`, stopped at the end; the cluster comes from
-    Spark's own configuration (spark-defaults.conf, PYSPARK_SUBMIT_ARGS), as for `pyspark`."""
-    from hora._script import UsageError
-
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError:
-        raise UsageError("--backend spark needs pyspark: pip install 'hora[spark]'") from None
-    try:
-        builder = SparkSession.builder.appName("hora run")
-        # Spark's progress bar would cut through the ranks' log lines on the same terminal.
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
-        session = builder.getOrCreate()
-    except Exception as exc:
-        raise UsageError(f"--backend spark could not start a SparkSession: {exc}") from exc
-    try:
-        yield
-    finally:
-        session.stop()
-
-
-ENGINE = Engine(
-    name="spark",
-    # The SparkContext, not SparkSession.getActiveSession(): that one is per thread, and a
-    # session created on the notebook's main thread is not "active" in a worker thread.
-    is_active=lambda: active_spark_context() is not None,
-    make_launcher=lambda config, use_gpu, restart: SparkLauncher(config, use_gpu, restart),
-    cli_session=_cli_session,
-    summary="one barrier stage on a SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS)",
-)

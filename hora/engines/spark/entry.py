@@ -67,7 +67,7 @@ def run_task(driver: dict[str, str], spec: dict[str, Any], partition: Iterable[A
             f"not the driver's ({', '.join(differ)} differ; the driver's error has the details)"
             f"\n{MARKER}{json.dumps(report)}"
         )
-    from hora.spark._task import TaskSpec, supervise
+    from hora.engines.spark.task import TaskSpec, supervise
 
     yield from supervise(TaskSpec(**spec), partition)
 

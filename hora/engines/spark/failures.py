@@ -2,7 +2,7 @@
 
 Spark reports a task's Python exception inside a Py4J error of a hundred lines of Java frames.
 The task that failed and the Python exception's last line are what a user can act on; a task
-that found its executor's Python unlike the driver's (`_entry`) gets a message of its own
+that found its executor's Python unlike the driver's (`entry`) gets a message of its own
 that names both interpreters and what to set.
 """
 
@@ -12,8 +12,8 @@ import json
 import re
 from dataclasses import dataclass
 
-from hora.spark import _entry as _spark_entry
-from hora.spark._checks import PYTHON_KEY, runs_on_this_machine
+from hora.engines.spark import entry
+from hora.engines.spark.checks import PYTHON_KEY, runs_on_this_machine
 
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
 _LOST_TASK = re.compile(r"Lost task (\d+)\.\d+ in stage [\d.]+ \(TID \d+\) \(([^\s()]+) executor")
@@ -33,7 +33,7 @@ class StageFailure:
     host: str | None
     summary: str
     detail: str
-    before_start: bool = False  # the task refused to start its rank (see `_entry`)
+    before_start: bool = False  # the task refused to start its rank (see `entry`)
 
 
 def read(
@@ -67,10 +67,10 @@ def java_lines(text: str) -> str:
 
 
 def _find_mismatch(text: str) -> tuple[int, str, dict[str, str]] | None:
-    at = text.find(_spark_entry.MARKER)
+    at = text.find(entry.MARKER)
     if at < 0:
         return None
-    line = text[at + len(_spark_entry.MARKER) :].split("\n", 1)[0]
+    line = text[at + len(entry.MARKER) :].split("\n", 1)[0]
     try:
         report = json.loads(line)
         return int(report["task"]), str(report["host"]), dict(report["runtime"])
@@ -82,14 +82,14 @@ def python_mismatch(
     driver: dict[str, str], executor: dict[str, str], master: str, on_driver_python: bool
 ) -> tuple[str, str]:
     """(summary, detail) for an executor whose Python cannot run what the driver pickled."""
-    differ = _spark_entry.differences(driver, executor)
+    differ = entry.differences(driver, executor)
     verb = "differs" if len(differ) == 1 else "differ"
     summary = (
         f"its Python is not the driver's ({_join(differ)} {verb}), so it cannot run the job "
         "the driver pickled"
     )
     rows = [("interpreter", driver["executable"], executor["executable"])]
-    rows += [(key, driver[key], executor[key]) for key in _spark_entry.COMPARED]
+    rows += [(key, driver[key], executor[key]) for key in entry.COMPARED]
     width = max(len(value) for _key, value, _ in rows)
     table = [f"  {'':<12} {'driver':<{width}}   executor"]
     table += [

@@ -1,33 +1,29 @@
 """The code of one Spark barrier task: a supervisor for one rank's worker process.
 
-It runs inside Spark's (reused) Python worker, so it never imports a framework or runs the job
-itself: it registers with the driver's launcher over the authenticated channel, waits for the
-plan (every task's host and GPUs, the store's address), then starts `python -m hora._worker` in a
-fresh process with the rank's environment (CUDA_VISIBLE_DEVICES included), forwards its output
-lines and its exit code, and stays until the driver says stop, so a half-finished job is never
-left running under a task that Spark thinks has ended.
+It runs inside Spark's (reused) Python worker: it registers with the driver's launcher over the
+authenticated channel, waits for the plan (every task's host and GPUs, the store's address),
+then supervises the rank's worker (`hora.engines.supervisor`), and stays until the driver says
+stop, so a half-finished job is never left running under a task that Spark thinks has ended.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hora import _channel, environment
-from hora.job.protocol import Exited, Go, Output, Stop, TaskReady
-from hora.launchers._process import WorkerProcess, stop_all
-
-STOP_GRACE_SECONDS = 3.0
+from hora.engines.supervisor import supervised_worker
+from hora.wire import channel
+from hora.wire.protocol import ALLOWED, Boot, Go, Plan, Stop, TaskReady
 
 
 @dataclass(frozen=True)
 class TaskSpec:
     """What every task of one run needs; its fields travel as plain data in the Spark closure,
-    so that `_spark_entry` can check the executor's Python before anything of hora is loaded."""
+    so that `hora.engines.spark.entry` can check the executor's Python before anything of hora
+    is loaded."""
 
     address: tuple[str, int]  # the launcher's supervisor channel on the driver
     worker_address: tuple[str, int]  # the job's channel that workers dial
@@ -37,14 +33,14 @@ class TaskSpec:
 
 def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, str]]:
     """mapPartitions body: supervise this task's rank; yields (rank, outcome)."""
-    from pyspark import BarrierTaskContext
+    from pyspark import BarrierTaskContext  # the task runs inside pyspark's worker
 
     ctx = BarrierTaskContext.get()
     rank = ctx.partitionId()
     host = ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0]
     resources = ctx.resources()
     gpus = list(resources["gpu"].addresses) if "gpu" in resources else []
-    conn = _channel.connect(spec.address, spec.secret)
+    conn = channel.connect(spec.address, spec.secret, ALLOWED)
     try:
         conn.send(
             TaskReady(
@@ -73,40 +69,9 @@ def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, 
         conn.close()
 
 
-def _supervise_worker(
-    spec: TaskSpec, conn: _channel.Connection, rank: int, plan: dict[str, Any]
-) -> str:
-    def on_line(stream: str, line: str) -> None:
-        with contextlib.suppress(OSError):
-            conn.send(Output(rank, stream, line))
-
-    exited = threading.Event()
-
-    def on_exit(code: int) -> None:
-        with contextlib.suppress(OSError):
-            conn.send(Exited(rank, code))
-        exited.set()
-
-    env = environment.supervised_rank_env(
-        rank, plan["tasks"], plan["master"], plan["use_gpu"], os.environ
-    )
-    env.update(plan["user_env"])
-    boot = {
-        "address": list(spec.worker_address),
-        "secret": spec.secret.hex(),
-        "rank": rank,
-        "sys_path": list(spec.sys_path),
-    }
-    worker = WorkerProcess(boot, env, on_line=on_line, on_exit=on_exit, cwd=os.getcwd())
-    try:
-        while True:  # until the driver says stop or goes away
-            message = conn.recv()
-            if isinstance(message, Stop):
-                break
-    except (OSError, EOFError):
-        pass
-    finally:
-        stop_all([worker], STOP_GRACE_SECONDS)
-        exited.wait(timeout=2)
-    code = worker.poll()
-    return f"exit {code}"
+def _supervise_worker(spec: TaskSpec, conn: channel.Connection, rank: int, plan: Plan) -> str:
+    boot = Boot(spec.worker_address, spec.secret, rank, spec.sys_path)
+    with supervised_worker(conn, boot, plan) as worker, contextlib.suppress(OSError, EOFError):
+        while not isinstance(conn.recv(), Stop):  # until the driver says stop or goes away
+            pass
+    return f"exit {worker.poll()}"

@@ -52,10 +52,10 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         return HoraReader(cls)
 
     def _fit(self, dataset: Any) -> TorchModel:
-        from hora.api import _launch
         from hora.checkpoint import Checkpoint
         from hora.config import RunConfig
-        from hora.spark._engine import active_spark_context
+        from hora.engines.spark.session import active_spark_context
+        from hora.job import launch
         from hora.spark.estimator import tracking
         from hora.spark.estimator.train import TrainJob, train_on_rank
 
@@ -117,8 +117,9 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 f"{store.location('data', data.key)})"
                 + (f", resuming after epoch {found.state['epoch']}" if found is not None else "")
             )
-        config = RunConfig(np=num_proc, backend="spark" if context is not None else "local")
-        _launch(train_on_rank, (job,), {}, config, collect_all=False)
+        backend = "spark" if context is not None else "local"
+        config = RunConfig(np=num_proc, backend=backend, collect_all=False)
+        launch(train_on_rank, (job,), {}, config)
         done = checkpoints.latest()
         assert done is not None, "the ranks finished without a checkpoint"
         model = self._model_from(done.state, run_id, data.features, data.labels, settings, store)

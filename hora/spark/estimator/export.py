@@ -34,7 +34,7 @@ def export_model(model: Any, example: list[Any] | None, store: Store, run_id: st
             buffer = io.BytesIO()
             torch.export.save(program, buffer)
         except Exception as e:  # not every model exports; the other two files are enough
-            from hora._logs import log_to_driver
+            from hora.wire.link import log_to_driver
 
             log_to_driver(f"hora: no model.pt2 for this model (torch.export: {type(e).__name__})")
         else:

@@ -128,9 +128,9 @@ def train_on_rank(job: TrainJob) -> None:
     import torch
 
     import hora.torch as hvd
-    from hora._logs import log_to_driver
     from hora.checkpoint import Checkpoint
     from hora.spark.estimator.events import EpochEvents
+    from hora.wire.link import log_to_driver
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()

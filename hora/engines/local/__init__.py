@@ -1,0 +1,11 @@
+"""The local engine: `np` worker processes on this machine, the driver's children."""
+
+from hora.engines import Engine
+
+ENGINE = Engine(
+    name="local",
+    is_active=lambda: True,
+    launcher="hora.engines.local.launcher:LocalLauncher",
+    on_this_host=True,
+    summary="processes on this machine (the default)",
+)

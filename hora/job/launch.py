@@ -1,0 +1,37 @@
+"""The one entry every door calls: run a function on the ranks a `RunConfig` describes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hora import engines
+from hora._payload import dumps_job
+from hora.config import RunConfig
+from hora.job.driver import Attempt, Job
+from hora.job.group import WorkerGroup
+
+
+def launch(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    config: RunConfig,
+) -> list[Any]:
+    """Run `fn(*args, **kwargs)` on `config.np` ranks; return every rank's value in rank order
+    (only rank 0's, the others None, unless `config.collect_all`).
+
+    The function is pickled and the engine checked (cluster, slots, Python) before anything
+    starts; a bad value fails here with what to change.
+    """
+    if not callable(fn):
+        raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
+    payload = dumps_job(fn, tuple(args), dict(kwargs))
+    engine = engines.get(config.backend)
+    first = engine.make_launcher(config)
+
+    def new_group(attempt: Attempt, env: Mapping[str, str]) -> WorkerGroup:
+        launcher = first if attempt.index == 0 else engine.make_launcher(config, restart=True)
+        return WorkerGroup(config.np, launcher, env)
+
+    return Job(config, payload, new_group).run()

@@ -1,0 +1,11 @@
+"""The bottom floor: how hora's processes talk, and nothing else of hora.
+
+- `channel`: one framing, handshake and allow-list for every TCP star (the driver's job channel,
+  the collective engine's negotiation star).
+- `protocol`: every message between driver, launchers, supervisors and workers, and the typed
+  `Boot` line a worker reads on stdin.
+- `link`: a worker's `DriverLink` (log_to_driver, hora's own reports, derived keys).
+
+Nothing here imports anything of hora outside this package, nor anything beyond the standard
+library: workers and Spark's Python workers import it before anything else.
+"""
