@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from hora.engines.process import describe_exit
+
 Kind = Literal["script", "module", "python", "command"]
 
 # `python`, `python3`, `python3.11`: the words that mean "the Python", as torchrun reads them.
@@ -242,9 +244,7 @@ def _run_child(argv: list[str]) -> None:
         raise CommandFailed(f"cannot start {_shown(argv)}: {exc.strerror or exc}") from None
     code = child.wait()
     if code != 0:
-        from hora.job.monitor import describe_exit
-
-        how = describe_exit(code)  # "exited with status 3", "killed by signal 9 (SIGKILL)"
+        how = describe_exit(code)
         raise CommandFailed(f"the command {_shown(argv)} {'was ' if code < 0 else ''}{how}")
 
 

@@ -25,6 +25,7 @@ from hora import engines
 from hora._script import Program, UsageError, resolve, run_program
 from hora.api import run
 from hora.errors import HoraError, RunTimeoutError
+from hora.timeline import summary_text
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -138,8 +139,6 @@ class _Refused(argparse.Action):
 
 
 def _timeline(ns: argparse.Namespace) -> int:
-    from hora.timeline import summary_text
-
     try:
         print(summary_text(ns.trace))
     except (OSError, ValueError) as exc:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from hora import environment
 from hora.checkpoint import _format
 from hora.checkpoint._storage import Storage, is_temp, open_storage
+from hora.wire.link import log_to_driver
 
 _NAME = re.compile(r"^step-(\d+)\.ckpt$")
 
@@ -169,8 +170,6 @@ class Checkpoint:
 
     def _report(self, found: Restored | None) -> Restored | None:
         """Tell the driver's log where this attempt resumes (rank 0, once per load)."""
-        from hora.wire.link import log_to_driver
-
         attempt = _attempt_text()
         if found is None:
             log_to_driver(

@@ -100,3 +100,14 @@ def stop_all(workers: list[WorkerProcess], grace: float) -> None:
         worker.signal_group(signal.SIGKILL)
     for worker in workers:
         worker.join(timeout=5)
+
+
+def describe_exit(code: int) -> str:
+    """How a story says a process ended: "exited with status 3", "killed by signal 9 (SIGKILL)"."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = "unknown signal"
+        return f"killed by signal {-code} ({name})"
+    return f"exited with status {code}"

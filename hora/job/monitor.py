@@ -9,7 +9,6 @@ decides nothing about restarts: it returns the results, or raises the attempt's
 from __future__ import annotations
 
 import queue
-import signal
 import sys
 import time
 from collections import deque
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hora._output_files import OutputFiles
+from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.timeline._driver import DriverTimeline
 from hora.wire.channel import Connection
@@ -228,16 +228,6 @@ class Monitor:
             lines += ["", "also failed, after it:"]
             lines += [f"  {f.subject or f'rank {f.rank}'}: {f.summary}" for f in others]
         return WorkerFailedError("\n".join(lines), root.rank, [f.rank for f in ordered])
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = "unknown signal"
-        return f"killed by signal {-code} ({name})"
-    return f"exited with status {code}"
 
 
 def _ranks(ranks: list[int]) -> str:

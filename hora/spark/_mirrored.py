@@ -21,6 +21,7 @@ from hora import environment
 from hora.config import RunConfig
 from hora.engines.spark.session import active_spark_context
 from hora.job import launch
+from hora.spark._distributor import _driver_gpus
 
 __all__ = ["MirroredStrategyRunner"]
 
@@ -81,8 +82,6 @@ class MirroredStrategyRunner:
         if self.local_mode:
             env: dict[str, str] = {}
             if self.use_gpu:
-                from hora.spark._distributor import _driver_gpus
-
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(_driver_gpus(self.num_slots))
             config = RunConfig(np=1, backend="local", env=env, collect_all=False)
             return launch(_train, job, {}, config)[0]

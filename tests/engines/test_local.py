@@ -13,7 +13,7 @@ from hora import environment
 from tests import _workers
 from tests.conftest import tagged_processes
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_run_returns_every_rank_in_order():
@@ -111,7 +111,7 @@ def test_grandchildren_are_stopped_too():
 
 
 def test_start_timeout_names_the_ranks_that_did_not_start():
-    env = {"PYTHONPATH": os.path.join(HERE, "slow_start"), "HORA_TEST_SLOW_RANK": "1"}
+    env = {"PYTHONPATH": os.path.join(TESTS, "slow_start"), "HORA_TEST_SLOW_RANK": "1"}
     with pytest.raises(hora.RunTimeoutError) as info:
         hora.run(_workers.hang, np=3, env=env, start_timeout=8)
     assert info.value.ranks == (1,)

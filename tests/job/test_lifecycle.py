@@ -14,7 +14,7 @@ import hora
 from tests import _workers
 from tests.conftest import tagged_processes, wait_for_no_processes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = """
 import hora
 from tests import _workers
