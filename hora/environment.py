@@ -131,6 +131,16 @@ def placements(hosts: list[str]) -> list[RankPlacement]:
     ]
 
 
+def host_order(hosts: list[str]) -> list[int]:
+    """Slots (indexes into `hosts`) in rank order: the ranks of one host are contiguous, as
+    Horovod and torchrun number them; hosts come in the order of their first slot, and slots
+    keep their order within a host (so slot 0 stays rank 0)."""
+    first: dict[str, int] = {}
+    for slot, host in enumerate(hosts):
+        first.setdefault(host, slot)
+    return sorted(range(len(hosts)), key=lambda slot: (first[hosts[slot]], slot))
+
+
 def threads_per_rank(local_size: int, cores: int | None = None) -> int:
     """CPU threads each rank may use so that `local_size` ranks do not oversubscribe the host."""
     cores = cores or os.cpu_count() or 1

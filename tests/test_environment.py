@@ -38,3 +38,16 @@ def test_a_plain_process_is_nobody_in_particular() -> None:
 def test_a_garbled_value_names_the_variable() -> None:
     with pytest.raises(ValueError, match="RANK='one' is not an integer"):
         environment.current({"RANK": "one"})
+
+
+def test_ranks_are_numbered_host_by_host() -> None:
+    """Spark schedules tasks round-robin over executors; ranks must not follow that order."""
+    slots = ["h1", "h2", "h1", "h2", "h3"]
+    order = environment.host_order(slots)
+    assert order == [0, 2, 1, 3, 4]
+    hosts_by_rank = [slots[slot] for slot in order]
+    places = environment.placements(hosts_by_rank)
+    assert [(p.local_rank, p.local_size, p.cross_rank) for p in places] == [
+        (0, 2, 0), (1, 2, 0), (0, 2, 1), (1, 2, 1), (0, 1, 2),
+    ]  # fmt: skip
+    assert environment.host_order(["a", "a"]) == [0, 1]  # one host: slot order

@@ -137,9 +137,10 @@ class EngineFailed(NamedTuple):
 
 
 class TaskReady(NamedTuple):
-    """A barrier task is up: its host, GPUs, cores and Spark attempt numbers."""
+    """A barrier task is up: which task it is (its partition), and its host, GPUs, cores and
+    Spark attempt numbers."""
 
-    rank: int
+    task: int
     info: dict[str, Any]
 
 
@@ -154,9 +155,11 @@ class Plan(NamedTuple):
 
 
 class Go(NamedTuple):
-    """Every task is up: start the worker with this plan."""
+    """Every task is up: start the worker of `rank` (ranks are numbered host by host, so a
+    task's rank need not be its partition) with this plan."""
 
     plan: Plan
+    rank: int
 
 
 class Refuse(NamedTuple):

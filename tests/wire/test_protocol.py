@@ -22,7 +22,7 @@ def test_boot_round_trips_through_its_json_line() -> None:
 
 def test_every_message_of_the_conversation_passes_the_allow_list() -> None:
     plan = Plan([{"host": "h", "gpus": ["0"], "cpus": 2}], ("h", 1), False, {"A": "1"}, "/tmp")
-    for message in (Hello(0, 1, "h"), TaskReady(1, {"host": "h"}), Go(plan), Stop()):
+    for message in (Hello(0, 1, "h"), TaskReady(1, {"host": "h"}), Go(plan, 0), Stop()):
         assert channel.loads(channel.pack(message), ALLOWED) == message
 
 

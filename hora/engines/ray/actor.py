@@ -18,10 +18,11 @@ from hora.wire.protocol import ALLOWED, Boot, Plan
 
 
 class RankSupervisor:
-    """One rank's actor: `where()`, then `run(...)` until the worker exits or `stop()`."""
+    """One slot's actor: `where()`, then `run(...)` for the rank the driver gives it (ranks are
+    numbered host by host once every actor has said where it is), until the worker exits or
+    `stop()`."""
 
-    def __init__(self, rank: int, cpus: float):
-        self.rank = rank
+    def __init__(self, cpus: float):
         self.cpus = cpus
         self._stop = threading.Event()
 

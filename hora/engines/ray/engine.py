@@ -21,6 +21,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from hora import environment
 from hora.engines.base import LaunchContext, Launcher
 from hora.engines.ray.actor import RankSupervisor
 from hora.engines.rendezvous import host_store
@@ -93,7 +94,7 @@ class RayLauncher(Launcher):
         bundle = {k: v for k, v in bundle.items() if v > 0}
         self._group = placement_group([bundle] * ctx.np, strategy=self.strategy, name=self.tag)
         actor_class = ray.remote(RankSupervisor)
-        for rank in range(ctx.np):
+        for slot in range(ctx.np):
             self._actors.append(
                 actor_class.options(
                     num_cpus=self.cpus,
@@ -102,10 +103,10 @@ class RayLauncher(Launcher):
                     max_task_retries=0,
                     max_concurrency=4,  # `stop` must get through while `run` waits
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        self._group, placement_group_bundle_index=rank
+                        self._group, placement_group_bundle_index=slot
                     ),
-                    name=f"{self.tag}-rank-{rank}",
-                ).remote(rank, self.cpus)
+                    name=f"{self.tag}-slot-{slot}",
+                ).remote(self.cpus)
             )
         self._thread = threading.Thread(target=self._run, name="hora-ray", daemon=True)
         self._thread.start()
@@ -116,15 +117,20 @@ class RayLauncher(Launcher):
         ctx = self._ctx
         assert ctx is not None
         try:
-            ranks = ray.get([actor.where.remote() for actor in self._actors])
+            where = ray.get([actor.where.remote() for actor in self._actors])
             if self.one_machine:
-                ranks = [r | {"host": LOOPBACK} for r in ranks]
+                where = [w | {"host": LOOPBACK} for w in where]
+            # Ranks are numbered host by host (as Horovod and torchrun do), whatever bundle
+            # order the placement group chose.
+            order = environment.host_order([w["host"] for w in where])
+            ranks = [where[slot] for slot in order]
             plan = Plan(ranks, self._master, self.use_gpu, dict(ctx.env), os.getcwd())
             with self._lock:
                 if self._stopping.is_set():
                     return
-                for rank, actor in enumerate(self._actors):
-                    self._runs[actor.run.remote(plan, ctx.boot(rank))] = rank
+                for rank, slot in enumerate(order):
+                    run = self._actors[slot].run.remote(plan, ctx.boot(rank))
+                    self._runs[run] = rank
         except Exception as exc:
             if not self._stopping.is_set():
                 ctx.report(EngineFailed(0, f"Ray could not start the ranks: {exc}", ""))

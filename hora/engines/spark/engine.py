@@ -87,7 +87,8 @@ class SparkLauncher(Launcher):
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
         self._np = config.np
         self._lock = threading.Lock()
-        self._tasks: dict[int, dict[str, Any]] = {}
+        self._tasks: dict[int, dict[str, Any]] = {}  # by Spark task (partition)
+        self._rank_of: dict[int, int] = {}  # Spark task -> rank, once every task is up
         self._supervisors: dict[int, channel.Connection] = {}
         self._exited: set[int] = set()
         self._planned = False  # every task has registered and been told to start its rank
@@ -150,13 +151,14 @@ class SparkLauncher(Launcher):
             who = "the Spark stage failed"
             self._report(EngineFailed(rank, failure.summary, failure.detail, who))
             return
+        rank = self._rank_of.get(task, task)  # before the plan, a task's rank is not yet chosen
         host = failure.host or self._tasks.get(task, {}).get("host")
         where = f"Spark task {task}" + (f" on host {host}" if host else "")
         if self._planned and not failure.before_start:
-            who = f"{where} (rank {task}) failed"
+            who = f"{where} (rank {rank}) failed"
         else:
-            who = f"{where} could not start rank {task}"
-        self._report(EngineFailed(task, failure.summary, failure.detail, who))
+            who = f"{where} could not start rank {rank}"
+        self._report(EngineFailed(rank, failure.summary, failure.detail, who))
 
     # -- the supervisors' messages ----------------------------------------------------------
     def _relay(self) -> None:
@@ -168,45 +170,54 @@ class SparkLauncher(Launcher):
                 self._closed(conn)
                 continue
             if isinstance(message, TaskReady):
-                self._register(conn, message.rank, message.info)
+                self._register(conn, message.task, message.info)
             elif isinstance(message, Output | Exited) and conn.peer == message.rank:
                 if isinstance(message, Exited):
                     self._exited.add(message.rank)
                 self._report(message)
 
-    def _register(self, conn: channel.Connection, rank: int, info: dict[str, Any]) -> None:
-        if not (isinstance(rank, int) and 0 <= rank < self._np):
+    def _register(self, conn: channel.Connection, task: int, info: dict[str, Any]) -> None:
+        if not (isinstance(task, int) and 0 <= task < self._np):
             conn.close()
             return
-        if rank in self._tasks or self._stopping.is_set():
+        if task in self._tasks or self._stopping.is_set():
             # Spark re-attempted a task or the whole stage: never train the same rank twice.
+            rank = self._rank_of.get(task, task)
             reason = (
-                f"Spark started rank {rank} a second time (task attempt {info.get('attempt')}, "
-                f"stage {info.get('stage')}) after a failure; hora does not re-run a "
-                "half-finished training. Fix the first failure and run again."
+                f"Spark started task {task} (rank {rank}) a second time (task attempt "
+                f"{info.get('attempt')}, stage {info.get('stage')}) after a failure; hora does "
+                "not re-run a half-finished training. Fix the first failure and run again."
             )
             with contextlib.suppress(OSError):
                 conn.send(Refuse(reason))
             if not self._stopping.is_set():
                 self._report(EngineFailed(rank, "Spark re-attempted the task", reason))
             return
-        conn.peer = rank
         with self._lock:
-            self._tasks[rank] = info
-            self._supervisors[rank] = conn
+            self._tasks[task] = info
+            self._supervisors[task] = conn
             ready = len(self._tasks) == self._np
         if ready:
-            self._planned = True
-            plan = Plan(
-                ranks=[self._tasks[r] for r in range(self._np)],
-                master=self._master,
-                use_gpu=self.use_gpu,
-                user_env=dict(self._ctx.env) if self._ctx else {},
-                cwd=os.getcwd(),
-            )
-            for r in range(self._np):
-                with contextlib.suppress(OSError):
-                    self._supervisors[r].send(Go(plan))
+            self._start_ranks()
+
+    def _start_ranks(self) -> None:
+        """Every task is up: number the ranks host by host (as Horovod and torchrun do) and
+        tell each task its rank and the plan."""
+        order = environment.host_order([self._tasks[t]["host"] for t in range(self._np)])
+        self._rank_of = {task: rank for rank, task in enumerate(order)}
+        self._planned = True
+        plan = Plan(
+            ranks=[self._tasks[task] for task in order],
+            master=self._master,
+            use_gpu=self.use_gpu,
+            user_env=dict(self._ctx.env) if self._ctx else {},
+            cwd=os.getcwd(),
+        )
+        for rank, task in enumerate(order):
+            conn = self._supervisors[task]
+            conn.peer = rank
+            with contextlib.suppress(OSError):
+                conn.send(Go(plan, rank))
 
     def _closed(self, conn: channel.Connection) -> None:
         rank = conn.peer

@@ -32,19 +32,20 @@ class TaskSpec:
 
 
 def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, str]]:
-    """mapPartitions body: supervise this task's rank; yields (rank, outcome)."""
+    """mapPartitions body: supervise the rank the driver gives this task; yields (task,
+    outcome)."""
     from pyspark import BarrierTaskContext  # the task runs inside pyspark's worker
 
     ctx = BarrierTaskContext.get()
-    rank = ctx.partitionId()
-    host = ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0]
+    task = ctx.partitionId()
+    host = ctx.getTaskInfos()[task].address.rsplit(":", 1)[0]
     resources = ctx.resources()
     gpus = list(resources["gpu"].addresses) if "gpu" in resources else []
     conn = channel.connect(spec.address, spec.secret, ALLOWED)
     try:
         conn.send(
             TaskReady(
-                rank,
+                task,
                 {
                     "host": host,
                     "gpus": gpus,
@@ -59,12 +60,12 @@ def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, 
         try:
             reply = conn.recv()
         except (OSError, EOFError):  # the driver stopped the run before every task had started
-            yield rank, "stopped before it started"
+            yield task, "stopped before it started"
             return
         if not isinstance(reply, Go):
-            yield rank, f"refused: {reply.reason}"
+            yield task, f"refused: {reply.reason}"
             return
-        yield rank, _supervise_worker(spec, conn, rank, reply.plan)
+        yield task, _supervise_worker(spec, conn, reply.rank, reply.plan)
     finally:
         conn.close()
 
