@@ -6,7 +6,7 @@ memory (`_execute`, `_shm`) by a background thread (`_engine`). The engine moves
 other frameworks hand it their data as torch views of the same memory (numpy -> `torch.from_numpy`).
 
 Layers, bottom up (no module imports one above it):
-  _common, _dtypes, _negotiation, _timeline_hooks, _channel, _shm, _stall, _execute, _engine, _state
+  _common, _dtypes, _negotiation, _channel, _shm, _stall, _execute, _engine, _state
   _process_sets   process sets and their backend groups
   ops             request building: the async, in-place and grouped collectives, synchronize
   _basics         init/shutdown, ranks and sizes, dynamic process sets (uses ops.barrier)

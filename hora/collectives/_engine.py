@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from hora.collectives import _channel
-from hora.collectives import _timeline_hooks as _th
 from hora.collectives._common import SHUT_DOWN, HorovodInternalError
 from hora.collectives._execute import GroupInfo, LocalOp, run_bucket
 from hora.collectives._negotiation import (
@@ -42,6 +41,7 @@ from hora.collectives._negotiation import (
     expand,
 )
 from hora.collectives._stall import StallInspector, StallSettings
+from hora.timeline import hooks as _th
 
 log = logging.getLogger("hora.torch")
 

@@ -24,7 +24,6 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from hora.collectives import _timeline_hooks as _th
 from hora.collectives._common import Average, Max, Min, Product, Sum
 from hora.collectives._dtypes import as_bytes, cast_back_, dtype_from_name, reduce_dtype, scale_
 from hora.collectives._negotiation import (
@@ -37,6 +36,7 @@ from hora.collectives._negotiation import (
     Bucket,
     Request,
 )
+from hora.timeline import hooks as _th
 
 _REDUCE_OPS = {
     Average: dist.ReduceOp.SUM,

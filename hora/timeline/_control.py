@@ -20,6 +20,8 @@ from contextlib import ContextDecorator
 from dataclasses import dataclass
 from typing import Any
 
+from hora.timeline import hooks
+
 PATH_VARS = ("HORA_TIMELINE", "HOROVOD_TIMELINE")  # the first one set wins
 MARK_CYCLES_VAR = "HOROVOD_TIMELINE_MARK_CYCLES"
 DYNAMIC = "DYNAMIC"
@@ -112,10 +114,9 @@ def stop_timeline() -> None:
     if rec is None:
         return
     from hora import _logs
-    from hora.collectives import _timeline_hooks
 
-    if _timeline_hooks.recorder is rec.recorder:
-        _timeline_hooks.set_recorder(None)
+    if hooks.recorder is rec.recorder:
+        hooks.set_recorder(None)
     with contextlib.suppress(ValueError):
         _logs.before_detach.remove(stop_timeline)
     rec.recorder.stop_marker()
@@ -172,7 +173,6 @@ def _agree_job(size: int, group: Any) -> str:
 def _start(path: str, mark_cycles: bool) -> None:
     global _active
     from hora import _logs
-    from hora.collectives import _timeline_hooks
     from hora.job.protocol import TimelineBatch
     from hora.timeline._recorder import BufferRecorder, Flusher, pack
 
@@ -203,4 +203,4 @@ def _start(path: str, mark_cycles: bool) -> None:
         recording = _Recording(recorder, flusher, trace.close, os.path.abspath(path))
     with _lock:
         _active = recording
-    _timeline_hooks.set_recorder(recorder)
+    hooks.set_recorder(recorder)
