@@ -16,7 +16,7 @@ def _pin_gpu() -> torch.device:
 def run_all_on_cuda() -> tuple[dict[str, str], dict[str, int]]:
     """The CPU conformance cases with every tensor they make on this rank's GPU."""
     from hora.collectives import _execute
-    from tests.torch import _cases
+    from tests.collectives import _cases
 
     torch.set_default_device(_pin_gpu())
     outcomes = _cases.run_all()

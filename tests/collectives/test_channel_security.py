@@ -16,8 +16,8 @@ from hora._channel import AuthenticationFailed, Connection
 from hora.collectives import _channel
 from hora.collectives._engine import Shutdown
 from hora.collectives._negotiation import Bucket, CacheDrop, Entry, Failure, JoinDone, Request
-from tests.torch import _security_cases
-from tests.torch._security_cases import Touch, evil_frame
+from tests.collectives import _security_cases
+from tests.collectives._security_cases import Touch, evil_frame
 
 KEY = b"k" * 32
 
