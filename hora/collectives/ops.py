@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from hora.collectives import _state
+from hora.collectives._backends import GroupInfo
 from hora.collectives._common import (
     OP_NAMES,
     Adasum,
@@ -25,9 +26,7 @@ from hora.collectives._common import (
     Sum,
 )
 from hora.collectives._dtypes import dtype_name
-from hora.collectives._engine import Op
-from hora.collectives._execute import GroupInfo, LocalOp
-from hora.collectives._negotiation import (
+from hora.collectives._messages import (
     ALLGATHER,
     ALLREDUCE,
     ALLTOALL,
@@ -37,6 +36,7 @@ from hora.collectives._negotiation import (
     Request,
 )
 from hora.collectives._process_sets import ProcessSet, global_process_set
+from hora.collectives._queue import LocalOp, Op
 
 Tensors = Sequence[torch.Tensor]
 

@@ -41,3 +41,19 @@ def set_recorder(new: Recorder | None) -> Recorder:
     previous = recorder
     recorder = new if new is not None else NULL_RECORDER
     return previous
+
+
+def begin_each(names: list[str], phase: str) -> None:
+    """`phase` starts for every tensor of a bucket (nothing is done while recording is off)."""
+    rec = recorder
+    if rec.enabled:
+        for name in names:
+            rec.begin(name, phase)
+
+
+def end_each(names: list[str], phase: str) -> None:
+    """`phase` ends for every tensor of a bucket (nothing is done while recording is off)."""
+    rec = recorder
+    if rec.enabled:
+        for name in names:
+            rec.end(name, phase)

@@ -14,8 +14,17 @@ import pytest
 import hora
 from hora._channel import AuthenticationFailed, Connection
 from hora.collectives import _channel
-from hora.collectives._engine import Shutdown
-from hora.collectives._negotiation import Bucket, CacheDrop, Entry, Failure, JoinDone, Request
+from hora.collectives._messages import (
+    JOIN,
+    STOP,
+    Bucket,
+    CacheDrop,
+    Entry,
+    Failure,
+    JoinDone,
+    Request,
+    Shutdown,
+)
 from tests.collectives import _security_cases
 from tests.collectives._security_cases import Touch, evil_frame
 
@@ -155,11 +164,11 @@ def test_the_engines_messages_pass_the_restricted_unpickler() -> None:
     req = Request("a", "allreduce", 0, ("float32",), ((4,),), "cpu", 16)
     msg = [
         req,
-        "J",
-        ("P", 1, (0, 1)),
+        JOIN,
+        STOP,
         Bucket("allreduce", 0, [Entry("a", {0: req}), Entry("b", {0: req}, 7)]),
         CacheDrop((7, 8)),
-        (3, [req, 7, "J"]),  # a worker's frame: drops applied, then requests or cache ids
+        (3, [req, 7, JOIN]),  # a worker's frame: drops applied, then requests or cache ids
         Failure(0, "x", "why"),
         JoinDone(1),
         Shutdown("bye"),
