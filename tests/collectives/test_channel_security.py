@@ -13,7 +13,7 @@ import pytest
 
 import hora
 from hora._channel import AuthenticationFailed, Connection
-from hora.collectives import _channel
+from hora.collectives import _channel, _messages
 from hora.collectives._messages import (
     JOIN,
     STOP,
@@ -22,6 +22,7 @@ from hora.collectives._messages import (
     Entry,
     Failure,
     JoinDone,
+    ProcessSetChange,
     Request,
     Shutdown,
 )
@@ -174,7 +175,22 @@ def test_the_engines_messages_pass_the_restricted_unpickler() -> None:
         Shutdown("bye"),
         {1: [1.5, None, True]},
     ]
-    assert _channel.loads(_channel.pack(msg)) == msg
+    got = _channel.loads(_channel.pack(msg))
+    assert got == msg
+    assert [type(m) for m in got] == [type(m) for m in msg]
+
+
+def test_every_message_class_is_admitted_and_nothing_else_of_the_engine() -> None:
+    """A message class added to `_messages` without the allow-list fails here, not in a job."""
+    classes = {
+        name
+        for name, obj in vars(_messages).items()
+        if isinstance(obj, type) and obj.__module__ == _messages.__name__
+    }
+    admitted = {name for module, name in _channel._ALLOWED_CLASSES if module == _messages.__name__}
+    assert admitted == classes - {"ProcessSetChange"}  # that one never leaves its rank
+    with pytest.raises(_channel.ForbiddenFrame, match="ProcessSetChange"):
+        _channel.loads(_channel.pack([ProcessSetChange(1, (0, 1))]))
 
 
 @pytest.mark.parametrize("store_mode", [False, True], ids=["launcher-key", "store-key"])
