@@ -512,7 +512,7 @@ def fusion_buffer_in_place(r: int, n: int) -> None:
 def a_name_reused_with_other_tensors(r: int, n: int) -> None:
     """One name submitted step after step: the same request object travels each time (made
     once), and the same name with another shape, dtype or op is a request of its own, exact."""
-    from hora.collectives import ops
+    from hora.collectives import _requests
 
     total = float(sum(range(n)))
     for step in range(6):
@@ -525,9 +525,9 @@ def a_name_reused_with_other_tensors(r: int, n: int) -> None:
         close(t, torch.full(shape, want, dtype=dtype))
     for _ in range(3):
         hvd.allreduce_(torch.ones(7), name="reused.same", op=hvd.Sum)
-    made = [req for key, req in ops._REQUESTS.items() if key[0] == "allreduce.reused.same"]
+    made = [req for key, req in _requests._REQUESTS.items() if key[0] == "allreduce.reused.same"]
     assert len(made) == 1, made  # built once, then found
-    made = [key for key in ops._REQUESTS if key[0] == "allreduce.reused"]
+    made = [key for key in _requests._REQUESTS if key[0] == "allreduce.reused"]
     assert len(made) == 5, made  # one per shape, dtype and op seen
 
 
