@@ -49,10 +49,10 @@ def row_bytes(shape: tuple[int, ...], dtype: str) -> int:
     return math.prod(shape[1:]) * dtype_from_name(dtype).itemsize
 
 
-def in_place(ops: list[LocalOp | None], i: int) -> bool:
-    """Whether this rank asked for entry `i`'s result in its own tensors."""
-    op = ops[i]
-    return op is not None and op.inplace
+def in_place_flags(ops: list[LocalOp | None]) -> list[bool]:
+    """Whether this rank asked for each entry's result in its own tensors (worked out once per
+    bucket: the loops over its tensors then index a list)."""
+    return [op is not None and op.inplace for op in ops]
 
 
 def set_outputs(ops: list[LocalOp | None], outputs: list[list[Any]]) -> None:

@@ -16,7 +16,7 @@ from hora.collectives._dtypes import cast_back_, reduce_dtype, scale_
 from hora.collectives._fusion import cached_layout
 from hora.collectives._messages import Bucket, Request
 from hora.collectives._queue import LocalOp
-from hora.collectives.algorithms import in_place, local_tensors, set_outputs
+from hora.collectives.algorithms import in_place_flags, local_tensors, set_outputs
 from hora.timeline import hooks as _th
 from hora.timeline.hooks import begin_each, end_each
 
@@ -37,12 +37,13 @@ def run(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str)
     for i, ts in enumerate(inputs):
         for j, t in enumerate(ts):
             by_dtype.setdefault(t.dtype, []).append((i, j, t))
+    inplace = in_place_flags(ops)
     for dtype, items in by_dtype.items():
         wide = reduce_dtype(dtype, device)
-        if len(items) > 1 and wide == dtype and device == "cpu" and _all_in_place(items, ops):
+        if len(items) > 1 and wide == dtype and device == "cpu" and _all_in_place(items, inplace):
             _reduce_in_fusion_buffer(names, items, outputs, ref, info)
         else:
-            _reduce_packed(names, items, ops, outputs, ref, info, device, wide)
+            _reduce_packed(names, items, inplace, outputs, ref, info, device, wide)
     set_outputs(ops, outputs)
 
 
@@ -50,8 +51,8 @@ def _postscale(ref: Request, info: GroupInfo) -> float:
     return ref.postscale / info.size if ref.op == Average else ref.postscale
 
 
-def _all_in_place(items: Items, ops: list[LocalOp | None]) -> bool:
-    return all(in_place(ops, i) for i, _, _ in items)
+def _all_in_place(items: Items, inplace: list[bool]) -> bool:
+    return all(inplace[i] for i, _, _ in items)
 
 
 def _reduce_in_fusion_buffer(
@@ -76,7 +77,7 @@ def _reduce_in_fusion_buffer(
 def _reduce_packed(
     names: list[str],
     items: Items,
-    ops: list[LocalOp | None],
+    inplace: list[bool],
     outputs: list[list[Any]],
     ref: Request,
     info: GroupInfo,
@@ -85,27 +86,27 @@ def _reduce_packed(
 ) -> None:
     """Tensors of one dtype, reduced where they lie (one) or packed into a fresh buffer."""
     begin_each(names, IN)
-    work = _pack(items, ops, wide)
+    work = _pack(items, inplace, wide)
     scale_(work, ref.prescale)
     end_each(names, IN)
     reduce_work(names, work, ref.op, info, device)
     scale_(work, _postscale(ref, info))
     begin_each(names, OUT)
     if len(items) > 1 and wide == items[0][2].dtype:
-        _unfuse(work, items, ops, outputs)
+        _unfuse(work, items, inplace, outputs)
     else:
-        _unpack(work, items, ops, outputs, wide)
+        _unpack(work, items, inplace, outputs, wide)
     end_each(names, OUT)
 
 
-def _pack(items: Items, ops: list[LocalOp | None], wide: torch.dtype) -> torch.Tensor:
+def _pack(items: Items, inplace: list[bool], wide: torch.dtype) -> torch.Tensor:
     """The buffer the backend reduces: the tensor itself when alone and in place, else a copy
     (widened to `wide` where the dtype needs it)."""
     if len(items) == 1:
         i, _, t = items[0]
         if wide != t.dtype:
             return t.to(wide)
-        return t if in_place(ops, i) else t.clone()
+        return t if inplace[i] else t.clone()
     if wide == items[0][2].dtype:
         return _flatten_dense_tensors([t for _, _, t in items])  # one C++ loop
     work = torch.empty(sum(t.numel() for _, _, t in items), dtype=wide, device=items[0][2].device)
@@ -119,7 +120,7 @@ def _pack(items: Items, ops: list[LocalOp | None], wide: torch.dtype) -> torch.T
 def _unpack(
     work: torch.Tensor,
     items: Items,
-    ops: list[LocalOp | None],
+    inplace: list[bool],
     outputs: list[list[Any]],
     wide: torch.dtype,
 ) -> None:
@@ -128,7 +129,7 @@ def _unpack(
     for i, j, t in items:
         piece = work if len(items) == 1 else work[offset : offset + t.numel()].view(t.shape)
         offset += t.numel()
-        if in_place(ops, i):
+        if inplace[i]:
             if piece is not t:
                 cast_back_(t, piece)
             outputs[i][j] = t
@@ -141,19 +142,19 @@ def _unpack(
 
 
 def _unfuse(
-    work: torch.Tensor, items: Items, ops: list[LocalOp | None], outputs: list[list[Any]]
+    work: torch.Tensor, items: Items, inplace: list[bool], outputs: list[list[Any]]
 ) -> None:
     """Hand a fused buffer back as views shaped like the inputs (made in one C++ loop); in-place
     entries get one `_foreach_copy_` (C++ too): ~1 us of Python per tensor saved twice."""
     tensors = [t for _, _, t in items]
     pieces = _unflatten_dense_tensors(work, tensors)
-    if _all_in_place(items, ops):
+    if _all_in_place(items, inplace):
         torch._foreach_copy_(tensors, pieces)
         for i, j, t in items:
             outputs[i][j] = t
         return
     for (i, j, t), piece in zip(items, pieces, strict=True):
-        if in_place(ops, i):
+        if inplace[i]:
             t.copy_(piece)
             outputs[i][j] = t
         else:

@@ -13,7 +13,7 @@ from hora.collectives._dtypes import as_bytes
 from hora.collectives._fusion import aligned
 from hora.collectives._messages import BROADCAST, Bucket
 from hora.collectives._queue import LocalOp
-from hora.collectives.algorithms import in_place, local_tensors, set_outputs
+from hora.collectives.algorithms import in_place_flags, local_tensors, set_outputs
 from hora.timeline.hooks import begin_each, end_each
 
 # (entry index, tensor index within the entry, tensor)
@@ -27,14 +27,15 @@ def run(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str)
     inputs = local_tensors(bucket, ops, device)
     items = [(i, j, t) for i, ts in enumerate(inputs) for j, t in enumerate(ts)]
     outputs: list[list[Any]] = [[None] * len(ts) for ts in inputs]
+    inplace = in_place_flags(ops)
     if len(items) == 1:
         i, j, t = items[0]
-        out = t if in_place(ops, i) else _fresh(t, is_root)
+        out = t if inplace[i] else _fresh(t, is_root)
         if info.size > 1 and out.numel():
             collective(names, BROADCAST, info, device, dist.broadcast, as_bytes(out), src=root)
         outputs[i][j] = out
     else:
-        _run_fused(names, items, ops, outputs, info, device, root, is_root)
+        _run_fused(names, items, inplace, outputs, info, device, root, is_root)
     set_outputs(ops, outputs)
 
 
@@ -46,7 +47,7 @@ def _fresh(t: torch.Tensor, is_root: bool) -> torch.Tensor:
 def _run_fused(
     names: list[str],
     items: Items,
-    ops: list[LocalOp | None],
+    inplace: list[bool],
     outputs: list[list[Any]],
     info: GroupInfo,
     device: str,
@@ -68,7 +69,7 @@ def _run_fused(
     begin_each(names, "MEMCPY_OUT_FUSION_BUFFER")
     for (i, j, t), o in zip(items, offsets, strict=True):
         piece = buf[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
-        if in_place(ops, i):
+        if inplace[i]:
             if not is_root:
                 t.copy_(piece)
             outputs[i][j] = t
