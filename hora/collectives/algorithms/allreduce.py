@@ -41,7 +41,9 @@ def run(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str)
     for dtype, items in by_dtype.items():
         wide = reduce_dtype(dtype, device)
         if len(items) > 1 and wide == dtype and device == "cpu" and _all_in_place(items, inplace):
-            _reduce_in_fusion_buffer(names, items, outputs, ref, info)
+            _reduce_in_fusion_buffer(names, [t for _, _, t in items], ref, info)
+            for i, j, t in items:
+                outputs[i][j] = t
         else:
             _reduce_packed(names, items, inplace, outputs, ref, info, device, wide)
     set_outputs(ops, outputs)
@@ -56,21 +58,30 @@ def _all_in_place(items: Items, inplace: list[bool]) -> bool:
 
 
 def _reduce_in_fusion_buffer(
-    names: list[str], items: Items, outputs: list[list[Any]], ref: Request, info: GroupInfo
+    names: list[str],
+    tensors: list[torch.Tensor],
+    ref: Request,
+    info: GroupInfo,
+    layout: tuple[Any, ...] | None = None,
 ) -> None:
-    """In-place CPU tensors of one dtype: through the set's persistent fusion buffer."""
+    """In-place CPU tensors of one dtype that reduces as itself, through the set's persistent
+    fusion buffer; results copied back into them. With a `layout` (see `FusionBuffer.views`) and
+    the set on one host, they go straight into the shared segment instead, and the sum lands in
+    the fusion buffer."""
     begin_each(names, IN)
-    tensors = [t for _, _, t in items]
-    work, views = info.fusion.views(tensors)
-    torch._foreach_copy_(views, tensors)
-    scale_(work, ref.prescale)
-    end_each(names, IN)
-    reduce_work(names, work, ref.op, info, "cpu")
+    work, views = info.fusion.views(tensors, layout)
+    local = info.local if info.size > 1 else None
+    if layout is not None and local is not None and ref.prescale == 1.0 and local.fits(work.nbytes):
+        end_each(names, IN)  # into the shared segment, in the reduction
+        shm_allreduce(names, local.allreduce_from_, tensors, layout, work, ref.op)
+    else:
+        torch._foreach_copy_(views, tensors)
+        scale_(work, ref.prescale)
+        end_each(names, IN)
+        reduce_work(names, work, ref.op, info, "cpu")
     scale_(work, _postscale(ref, info))
     begin_each(names, OUT)
     torch._foreach_copy_(tensors, views)
-    for i, j, t in items:
-        outputs[i][j] = t
     end_each(names, OUT)
 
 
@@ -170,27 +181,11 @@ def _run_in_place(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo) ->
     tensors = _one_dtype_in_place(ops)
     if tensors is None:
         return False
-    dtype = tensors[0].dtype
-    ref = bucket.entries[0].ref
     names = [e.name for e in bucket.entries] if _th.recorder.enabled else []
-    begin_each(names, IN)
-    layout = cached_layout(bucket) or (dtype, *[t.shape for t in tensors])  # worked out once
-    work, views = info.fusion.views(tensors, layout)
-    local = info.local if info.size > 1 else None
-    if local is not None and ref.prescale == 1.0 and local.fits(work.nbytes):
-        end_each(names, IN)  # into the shared segment, in the reduction
-        shm_allreduce(names, local.allreduce_from_, tensors, layout, work, ref.op)
-    else:
-        torch._foreach_copy_(views, tensors)
-        scale_(work, ref.prescale)
-        end_each(names, IN)
-        reduce_work(names, work, ref.op, info, "cpu")
-    scale_(work, _postscale(ref, info))
-    begin_each(names, OUT)
-    torch._foreach_copy_(tensors, views)
+    layout = cached_layout(bucket) or (tensors[0].dtype, *[t.shape for t in tensors])
+    _reduce_in_fusion_buffer(names, tensors, bucket.entries[0].ref, info, layout)
     for op in ops:
         op.outputs = op.tensors  # type: ignore[union-attr]
-    end_each(names, OUT)
     return True
 
 
