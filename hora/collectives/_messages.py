@@ -80,7 +80,7 @@ class Bucket(NamedTuple):
 
     def __reduce__(self) -> tuple[type, tuple[str, int, list[Entry | int]]]:
         entries = [e.cached if e.cached >= 0 else e for e in self.entries]
-        return (Bucket, (self.kind, self.process_set_id, entries))  # type: ignore[return-value]
+        return (Bucket, (self.kind, self.process_set_id, entries))
 
 
 class Failure(NamedTuple):

@@ -231,7 +231,7 @@ class Coordinator:
         run: list[Ready] = []
         for item in out:
             if type(item) is tuple:  # a ready operation (Failure and JoinDone are subclasses)
-                run.append(item)
+                run.append(item)  # type: ignore[arg-type]
                 continue
             responses.extend(self._plan(run))
             run = []

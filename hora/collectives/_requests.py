@@ -111,7 +111,7 @@ def submit(
     if name is None:
         full = engine.generated_name(kind, ps_id)
     else:
-        full = _FULL_NAMES.get((kind, name))  # type: ignore[assignment]
+        full = _FULL_NAMES.get((kind, name))
         if full is None:
             full = _full_name(kind, name)
     if len(tensors) == 1 and name is not None:  # most calls: checks inline, request reused
@@ -120,7 +120,7 @@ def submit(
             _check_tensors(tensors, grouped)
         signature = (t.dtype, t.shape, t.is_cuda, op, prescale, postscale, root, splits)
         key = (full, kind, ps_id, signature)
-        request = _REQUESTS.get(key)  # type: ignore[assignment]
+        request = _REQUESTS.get(key)
         if request is None:
             if len(_REQUESTS) >= _MAX_REQUESTS:
                 _REQUESTS.clear()  # names made per call (a step in them): never let them pile up
