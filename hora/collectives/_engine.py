@@ -101,7 +101,6 @@ class Engine:
         worker_socket: socket.socket | None,
     ) -> None:
         self.config = config
-        self.process_sets = process_sets
         self.queue = SubmissionQueue(config.cycle_time_s)
         self._handles: dict[int, Op] = {}
         self._handle_ids = itertools.count()
