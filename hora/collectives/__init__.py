@@ -1,15 +1,29 @@
 """hora's collective engine, shared by every framework API (hora.torch, hora.tensorflow).
 
 One engine per process, whichever framework calls it: requests are negotiated by name with the
-other ranks (`_negotiation`), fused and run on torch.distributed's gloo/NCCL groups and shared
-memory (`_execute`, `_shm`) by a background thread (`_engine`). The engine moves torch tensors;
-other frameworks hand it their data as torch views of the same memory (numpy -> `torch.from_numpy`).
+other ranks, fused and run on torch.distributed's gloo/NCCL groups and shared memory by a
+background thread. The engine moves torch tensors; other frameworks hand it their data as torch
+views of the same memory (numpy -> `torch.from_numpy`). Each module names the Horovod file it
+stands for where there is one.
 
-Layers, bottom up (no module imports one above it):
-  _common, _dtypes, _negotiation, _timeline_hooks, _channel, _shm, _stall, _execute, _engine, _state
-  _process_sets   process sets and their backend groups
-  ops             request building: the async, in-place and grouped collectives, synchronize
-  _basics         init/shutdown, ranks and sizes, dynamic process sets (uses ops.barrier)
+Layers, bottom up (no module imports one above it; the timeline's `hooks` sit below them all):
+  _common, _dtypes     constants, errors, how each dtype travels
+  _messages            every message of the engine, typed (on the wire and in a rank's queue)
+  _cache               the response cache, rank 0's half and a worker's half
+  _validation, _planning, _negotiation
+                       rank 0's decisions: matching by name, validation, fusion buckets
+  _stall               rank 0's stall inspector
+  _channel             the negotiation star's sockets (framing, handshake, allow-list)
+  _fusion, _shm, _backends, algorithms/, _execute
+                       the data path: fusion buffers, shared memory, gloo/NCCL routing, one
+                       module per operation, and `run_bucket`
+  _queue, _responses, _worker_round, _coordinator_round, _engine
+                       the engine: submissions and handles, each rank's side of a round, the
+                       thread and its drive lock
+  _state, _process_sets, _requests, _sparse
+                       what init() set up, process sets, building a request
+  ops                  Horovod's async, in-place and grouped collectives, synchronize
+  _basics              init/shutdown, ranks and sizes, dynamic process sets (uses ops.barrier)
 Framework layers (hora.torch, hora.tensorflow) sit on top and add gradients and their tensor types.
 """
 

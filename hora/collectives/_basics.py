@@ -20,9 +20,10 @@ import torch.distributed as dist
 
 from hora import environment
 from hora.collectives import _channel, _shm, _state
+from hora.collectives._backends import GroupInfo
 from hora.collectives._common import NOT_INITIALIZED
 from hora.collectives._engine import Engine, EngineConfig
-from hora.collectives._execute import GroupInfo
+from hora.collectives._messages import ProcessSetChange
 from hora.collectives._process_sets import (
     ProcessSet,
     destroy_groups,
@@ -273,7 +274,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     barrier_all()  # nobody still has an operation of the set in flight
     info = state.groups.pop(ps_id)
     del state.process_sets[ps_id]
-    state.engine.control(("P", ps_id, None))
+    state.engine.control(ProcessSetChange(ps_id, None))
     destroy_groups(info)
     process_set.process_set_id = None
     return True

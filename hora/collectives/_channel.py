@@ -35,13 +35,15 @@ HANDSHAKE_TIMEOUT_S = 10.0
 # a frame is built from pickle's own opcodes (str, int, float, tuple, list, dict, None, bool).
 _ALLOWED_CLASSES = frozenset(
     {
-        ("hora.collectives._negotiation", "Request"),
-        ("hora.collectives._negotiation", "Entry"),
-        ("hora.collectives._negotiation", "Bucket"),
-        ("hora.collectives._negotiation", "Failure"),
-        ("hora.collectives._negotiation", "JoinDone"),
-        ("hora.collectives._negotiation", "CacheDrop"),
-        ("hora.collectives._engine", "Shutdown"),
+        ("hora.collectives._messages", "Request"),
+        ("hora.collectives._messages", "Entry"),
+        ("hora.collectives._messages", "Bucket"),
+        ("hora.collectives._messages", "Failure"),
+        ("hora.collectives._messages", "JoinDone"),
+        ("hora.collectives._messages", "CacheDrop"),
+        ("hora.collectives._messages", "Shutdown"),
+        ("hora.collectives._messages", "Join"),
+        ("hora.collectives._messages", "Stop"),
     }
 )
 ForbiddenFrame = wire.ForbiddenFrame

@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 from hora.collectives import _state
-from hora.collectives._execute import GroupInfo
+from hora.collectives._backends import GroupInfo
+from hora.collectives._messages import ProcessSetChange
 
 
 class ProcessSet:
@@ -95,7 +96,7 @@ def register(process_set: ProcessSet, timeout: timedelta) -> ProcessSet:
     state.next_process_set_id += 1
     info = make_groups(process_set.ranks, state.rank, timeout)
     state.groups[ps_id] = info
-    state.engine.control(("P", ps_id, info.ranks))
+    state.engine.control(ProcessSetChange(ps_id, info.ranks))
     process_set.process_set_id = ps_id
     state.process_sets[ps_id] = process_set
     return process_set

@@ -18,7 +18,7 @@ import torch
 from hora.collectives import ops as _ops
 from hora.collectives._basics import rank
 from hora.collectives._common import Adasum, Average, Sum
-from hora.collectives._negotiation import (
+from hora.collectives._messages import (
     ALLGATHER,
     ALLREDUCE,
     ALLTOALL,

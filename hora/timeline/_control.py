@@ -20,6 +20,7 @@ from contextlib import ContextDecorator
 from dataclasses import dataclass
 from typing import Any
 
+from hora.timeline import hooks
 from hora.wire import link
 from hora.wire.protocol import TimelineBatch
 
@@ -114,10 +115,8 @@ def stop_timeline() -> None:
         rec, _active = _active, None
     if rec is None:
         return
-    from hora.collectives import _timeline_hooks
-
-    if _timeline_hooks.recorder is rec.recorder:
-        _timeline_hooks.set_recorder(None)
+    if hooks.recorder is rec.recorder:
+        hooks.set_recorder(None)
     driver = link.current()
     if driver is not None:
         with contextlib.suppress(ValueError):
@@ -173,7 +172,6 @@ def _agree_job(size: int, group: Any) -> str:
 
 def _start(path: str, mark_cycles: bool) -> None:
     global _active
-    from hora.collectives import _timeline_hooks
     from hora.timeline._recorder import BufferRecorder, Flusher, pack
 
     recorder = BufferRecorder(mark_cycles)
@@ -203,4 +201,4 @@ def _start(path: str, mark_cycles: bool) -> None:
         recording = _Recording(recorder, flusher, trace.close, os.path.abspath(path))
     with _lock:
         _active = recording
-    _timeline_hooks.set_recorder(recorder)
+    hooks.set_recorder(recorder)

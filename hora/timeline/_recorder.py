@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from hora.collectives._timeline_hooks import Recorder
 from hora.timeline._events import CYCLE, REGION_PREFIX, STOP, RawEvent
+from hora.timeline.hooks import Recorder
 
 FLUSH_SECONDS = 0.25
 _now = time.time_ns

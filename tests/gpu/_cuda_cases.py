@@ -15,12 +15,12 @@ def _pin_gpu() -> torch.device:
 
 def run_all_on_cuda() -> tuple[dict[str, str], dict[str, int]]:
     """The CPU conformance cases with every tensor they make on this rank's GPU."""
-    from hora.collectives import _execute
-    from tests.torch import _cases
+    from hora.collectives import _backends
+    from tests.collectives import _cases
 
     torch.set_default_device(_pin_gpu())
     outcomes = _cases.run_all()
-    return outcomes, dict(_execute.stats)
+    return outcomes, dict(_backends.stats)
 
 
 def train_on_cuda() -> tuple[float, float]:

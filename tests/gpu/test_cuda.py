@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import hora
+from tests.collectives import _cases
 from tests.gpu import _cuda_cases
-from tests.torch import _cases
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -17,7 +17,7 @@ import pytest
 
 import hora
 from hora.errors import WorkerFailedError
-from tests.torch import _cases
+from tests.collectives import _cases
 
 SIZES = (2, 3)
 # (ranks, HORA_SHM): one host uses shared memory for allreduce; "0" keeps gloo's path tested too.
@@ -87,7 +87,10 @@ def test_world_of_one_without_launcher() -> None:
             "GROUP_RANK",
         )
     }
-    code = "import json; from tests.torch import _cases; print(json.dumps(_cases.world_of_one()))"
+    code = (
+        "import json; from tests.collectives import _cases; "
+        "print(json.dumps(_cases.world_of_one()))"
+    )
     start = time.monotonic()
     out = subprocess.run(
         [sys.executable, "-c", code],

@@ -5,16 +5,16 @@ from __future__ import annotations
 import math
 
 from hora.collectives._common import Max, Sum
-from hora.collectives._negotiation import (
+from hora.collectives._messages import (
     ALLGATHER,
     ALLREDUCE,
     BROADCAST,
     Bucket,
-    Coordinator,
     Failure,
     JoinDone,
     Request,
 )
+from hora.collectives._negotiation import Coordinator
 
 
 def req(name: str, kind: str = ALLREDUCE, shape=(4,), dtype="float32", **kw) -> Request:

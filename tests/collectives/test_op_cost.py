@@ -9,15 +9,10 @@ import pickle
 
 import hora
 from hora.collectives import _channel
-from hora.collectives._negotiation import (
-    ALLGATHER,
-    ALLREDUCE,
-    Bucket,
-    Coordinator,
-    Entry,
-    Request,
-    expand,
-)
+from hora.collectives._cache import expand
+from hora.collectives._messages import ALLGATHER, ALLREDUCE, Bucket, Entry, Request
+from hora.collectives._negotiation import Coordinator
+from hora.collectives._queue import GATHER_CYCLES, SubmissionQueue
 
 
 def req(name: str, kind: str = ALLREDUCE, shape=(4,)) -> Request:
@@ -112,13 +107,10 @@ def test_a_changed_request_is_not_taken_for_a_hit() -> None:
 
 
 def test_gathering_follows_a_caller_still_submitting_for_a_few_cycles_at_most() -> None:
-    from types import SimpleNamespace
-
-    from hora.collectives._engine import GATHER_CYCLES, Engine
-
     def due(first: float, last: float) -> float:
-        engine = SimpleNamespace(config=SimpleNamespace(cycle_time_s=1.0), _last_queued=last)
-        return Engine._due_at(engine, first)  # type: ignore[arg-type]
+        queue = SubmissionQueue(cycle_time_s=1.0)
+        queue.last_queued = last
+        return queue.due_at(first)
 
     assert due(10.0, 10.0) == 11.0  # one submission: one cycle
     assert due(10.0, 12.5) == 13.5  # still submitting: a cycle after the latest one
@@ -126,38 +118,12 @@ def test_gathering_follows_a_caller_still_submitting_for_a_few_cycles_at_most() 
     assert due(10.0, 3.0) == 11.0  # taken after the latest submission (a join): one cycle
 
 
-def test_the_first_gradient_bucket_closes_at_1_mib_as_ddps_8_mib_on_cpu(monkeypatch) -> None:
-    import torch
-
-    from hora.torch.optimizer import _size_buckets
-
-    def layers(device: str) -> list[torch.Tensor]:
-        # in backward order: a small last layer, a 1 MiB weight, an 8 MiB one, earlier layers
-        shapes = (10, 1 << 18, 1 << 21, 100, 5)
-        return [torch.zeros(n, device=device) for n in shapes]
-
-    def sizes(params: list[torch.Tensor]) -> list[list[int]]:
-        return [[p.numel() for p in b] for b in _size_buckets(params)]
-
-    # "meta" stands for a GPU here: not CPU, so DDP's 1 MiB first bucket
-    assert sizes(layers("meta")) == [[10, 1 << 18], [1 << 21, 100, 5]]
-    assert sizes(layers("cpu")) == [[10, 1 << 18, 1 << 21], [100, 5]]
-    small = [torch.zeros(1000, device="meta") for _ in range(300)]  # 1.2 MB, no tensor > 1 MiB
-    assert [len(b) for b in _size_buckets(small)] == [263, 37]
-    cpu_small = [torch.zeros(1000) for _ in range(300)]  # one bucket on CPU
-    assert [len(b) for b in _size_buckets(cpu_small)] == [300]
-    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")  # one tensor per call, as before
-    assert [len(b) for b in _size_buckets(layers("cpu"))] == [1, 1, 1, 1, 1]
-    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "8000")
-    assert [len(b) for b in _size_buckets(cpu_small)] == [2] * 150
-
-
 def _batches_job() -> dict[str, object]:
     """Runs on every rank with HOROVOD_CYCLE_TIME long: nothing is sent before a caller blocks."""
     import torch
 
     import hora.torch as hvd
-    from hora.collectives import _execute, _state
+    from hora.collectives import _backends, _state
 
     hvd.init()
     r, n = hvd.rank(), hvd.size()
@@ -166,13 +132,14 @@ def _batches_job() -> dict[str, object]:
     for _ in range(3):
         for t in ts:
             t.fill_(float(r + 1))
-        before = _execute.stats["buckets"]
+        before = _backends.stats["buckets"]
         handles = [hvd.allreduce_async_(t, op=hvd.Sum, name=f"b{k}") for k, t in enumerate(ts)]
         for h in handles:
             hvd.synchronize(h)
-        buckets.append(_execute.stats["buckets"] - before)
+        buckets.append(_backends.stats["buckets"] - before)
         assert all(torch.equal(t, torch.full_like(t, n * (n + 1) / 2)) for t in ts)
-    coord = _state.get().engine._coordinator
+    negotiation = _state.get().engine.negotiation
+    coord = negotiation.coordinator if r == 0 else None  # type: ignore[union-attr]
     cached = coord.cached_submissions if coord is not None else None
     hvd.shutdown()
     return {"buckets": buckets, "cached": cached}

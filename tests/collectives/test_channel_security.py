@@ -12,12 +12,22 @@ import threading
 import pytest
 
 import hora
-from hora.collectives import _channel
-from hora.collectives._engine import Shutdown
-from hora.collectives._negotiation import Bucket, CacheDrop, Entry, Failure, JoinDone, Request
+from hora.collectives import _channel, _messages
+from hora.collectives._messages import (
+    JOIN,
+    STOP,
+    Bucket,
+    CacheDrop,
+    Entry,
+    Failure,
+    JoinDone,
+    ProcessSetChange,
+    Request,
+    Shutdown,
+)
 from hora.wire.channel import AuthenticationFailed, recv_frame, send_frame
-from tests.torch import _security_cases
-from tests.torch._security_cases import Touch, evil_frame
+from tests.collectives import _security_cases
+from tests.collectives._security_cases import Touch, evil_frame
 
 KEY = b"k" * 32
 
@@ -154,17 +164,32 @@ def test_the_engines_messages_pass_the_restricted_unpickler() -> None:
     req = Request("a", "allreduce", 0, ("float32",), ((4,),), "cpu", 16)
     msg = [
         req,
-        "J",
-        ("P", 1, (0, 1)),
+        JOIN,
+        STOP,
         Bucket("allreduce", 0, [Entry("a", {0: req}), Entry("b", {0: req}, 7)]),
         CacheDrop((7, 8)),
-        (3, [req, 7, "J"]),  # a worker's frame: drops applied, then requests or cache ids
+        (3, [req, 7, JOIN]),  # a worker's frame: drops applied, then requests or cache ids
         Failure(0, "x", "why"),
         JoinDone(1),
         Shutdown("bye"),
         {1: [1.5, None, True]},
     ]
-    assert _channel.loads(_channel.pack(msg)) == msg
+    got = _channel.loads(_channel.pack(msg))
+    assert got == msg
+    assert [type(m) for m in got] == [type(m) for m in msg]
+
+
+def test_every_message_class_is_admitted_and_nothing_else_of_the_engine() -> None:
+    """A message class added to `_messages` without the allow-list fails here, not in a job."""
+    classes = {
+        name
+        for name, obj in vars(_messages).items()
+        if isinstance(obj, type) and obj.__module__ == _messages.__name__
+    }
+    admitted = {name for module, name in _channel._ALLOWED_CLASSES if module == _messages.__name__}
+    assert admitted == classes - {"ProcessSetChange"}  # that one never leaves its rank
+    with pytest.raises(_channel.ForbiddenFrame, match="ProcessSetChange"):
+        _channel.loads(_channel.pack([ProcessSetChange(1, (0, 1))]))
 
 
 @pytest.mark.parametrize("store_mode", [False, True], ids=["launcher-key", "store-key"])

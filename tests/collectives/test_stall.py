@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 import hora
-from hora.collectives._negotiation import ALLREDUCE, Coordinator, Request
+from hora.collectives._messages import ALLREDUCE, Request
+from hora.collectives._negotiation import Coordinator
 from hora.collectives._stall import MAX_NAMES, StallInspector, StallSettings
 from hora.errors import RunTimeoutError, WorkerFailedError
-from tests.torch import _stall_cases
+from tests.collectives import _stall_cases
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -265,7 +266,7 @@ def test_without_a_launcher_rank_0_warns_on_its_stderr() -> None:
                 "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "3"}  # fmt: skip
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "tests.torch._stall_cases", "bare_rank"],
+                [sys.executable, "-m", "tests.collectives._stall_cases", "bare_rank"],
                 cwd=REPO,
                 env=env,
                 stdout=subprocess.PIPE,

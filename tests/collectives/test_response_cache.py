@@ -9,14 +9,8 @@ import time
 import pytest
 
 import hora
-from hora.collectives._negotiation import (
-    ALLREDUCE,
-    Bucket,
-    CacheDrop,
-    Coordinator,
-    Failure,
-    Request,
-)
+from hora.collectives._messages import ALLREDUCE, Bucket, CacheDrop, Failure, Request
+from hora.collectives._negotiation import Coordinator
 
 
 def req(name: str, shape=(4,), **kw) -> Request:
@@ -31,7 +25,7 @@ def test_agreed_request_gets_an_id_and_a_hit_announces_nothing() -> None:
     c.submit(1, req("a"))
     (bucket,) = c.take()
     cid = bucket.entries[0].cache_id
-    assert cid >= 0 and c.cache_ids() == {(0, "a"): cid}
+    assert cid >= 0 and c.cache.ids() == {(0, "a"): cid}
     c.submit(0, req("a"))
     c.submit_cached(1, cid)  # rank 1 sends only the id
     (bucket,) = c.take()
@@ -45,7 +39,7 @@ def test_generated_names_and_disabled_cache_are_not_cached() -> None:
     assert c.take()[0].entries[0].cache_id == -1
     off = Coordinator(1, 1 << 20, cache_capacity=0)
     off.submit(0, req("a"))
-    assert off.take()[0].entries[0].cache_id == -1 and off.cache_ids() == {}
+    assert off.take()[0].entries[0].cache_id == -1 and off.cache.ids() == {}
 
 
 def test_mismatch_against_a_cached_id_fails_and_drops_the_entry() -> None:
@@ -57,14 +51,14 @@ def test_mismatch_against_a_cached_id_fails_and_drops_the_entry() -> None:
     c.submit(0, req("a", shape=(5,)))
     failure, drop = c.take()
     assert isinstance(failure, Failure) and "shapes" in failure.message
-    assert drop == CacheDrop((cid,)) and c.cache_ids() == {}
+    assert drop == CacheDrop((cid,)) and c.cache.ids() == {}
     # rank 1 may still send the dropped id until it has applied the drop: it still resolves
     c.submit_cached(1, cid)
-    c.ack(1, 0)
-    assert c.resolve(cid) == req("a")
-    c.ack(1, 1)  # rank 1 has applied the drop: the id is gone for good
+    c.cache.ack(1, 0)
+    assert c.cache.resolve(cid) == req("a")
+    c.cache.ack(1, 1)  # rank 1 has applied the drop: the id is gone for good
     with pytest.raises(RuntimeError, match="unknown response-cache id"):
-        c.resolve(cid)
+        c.cache.resolve(cid)
 
 
 def test_capacity_evicts_the_least_recently_used() -> None:
@@ -81,7 +75,7 @@ def test_capacity_evicts_the_least_recently_used() -> None:
     c.submit(1, req("c"))
     bucket, drop = c.take()
     assert drop == CacheDrop((ids["b"],))
-    assert c.cache_ids() == {(0, "a"): ids["a"], (0, "c"): bucket.entries[0].cache_id}
+    assert c.cache.ids() == {(0, "a"): ids["a"], (0, "c"): bucket.entries[0].cache_id}
 
 
 def _cached(c: Coordinator, names: list[str]) -> list[int]:
@@ -96,7 +90,7 @@ def test_a_repeated_round_is_answered_from_its_plan() -> None:
     c = Coordinator(2, 1 << 20, cache_capacity=8)
     ids = tuple(_cached(c, ["a", "b", "c"]))
     for _ in range(2):
-        own = c.own_ids([req("a"), req("b"), req("c")])
+        own = c.cache.own_ids([req("a"), req("b"), req("c")])
         assert own == ids
         assert c.offer(0, own, now=0.0) and c.take() == []  # rank 1's round is still to come
         assert c.stash_age(0.5) == 0.5 and not c.has_pending()  # set aside, not pending
@@ -106,7 +100,7 @@ def test_a_repeated_round_is_answered_from_its_plan() -> None:
         assert [e.cached for e in bucket.entries] == list(ids)  # they travel as ids
         assert c.stash_age(1.0) is None
     assert c.repeated_rounds == 2 and c.cached_submissions == 6
-    assert c.own_ids([req("a"), req("b", shape=(5,))]) is None  # not the cached request
+    assert c.cache.own_ids([req("a"), req("b", shape=(5,))]) is None  # not the cached request
 
 
 def test_rounds_that_differ_are_matched_one_by_one() -> None:
@@ -175,16 +169,17 @@ def _ranks_job() -> dict[str, object]:
         ]
         for k, h in enumerate(handles):
             assert torch.equal(hvd.synchronize(h), torch.full((k + 1,), float(n)))
-    engine = _state.get().engine
-    coord = engine._coordinator
+    negotiation = _state.get().engine.negotiation
+    coord = negotiation.coordinator if r == 0 else None  # type: ignore[union-attr]
     hvd.shutdown()  # every response, CacheDrops included, has been applied on every rank
     if coord is not None:
-        out["cache"] = {name: cid for (_, name), cid in coord.cache_ids().items()}
+        out["cache"] = {name: cid for (_, name), cid in coord.cache.ids().items()}
         out["cached_submissions"] = coord.cached_submissions
     else:
-        out["cache"] = {name: cid for (_, name), (cid, _) in engine._cache_ids.items()}
-        assert {cid: sig.name for cid, sig in engine._cache_ids.values()} == {
-            cid: sig.name for cid, sig in engine._cache_sigs.items()
+        cache = negotiation.cache
+        out["cache"] = {name: cid for (_, name), (cid, _) in cache.ids.items()}
+        assert {cid: sig.name for cid, sig in cache.ids.values()} == {
+            cid: sig.name for cid, sig in cache.requests.items()
         }
     return out
 
@@ -228,7 +223,7 @@ def _repeated_rounds_job() -> dict[str, object]:
         for nm in names:
             assert torch.equal(hvd.synchronize(handles[nm]), torch.full((4,), float(n)))
     engine = _state.get().engine
-    coord = engine._coordinator
+    coord = engine.negotiation.coordinator if r == 0 else None  # type: ignore[union-attr]
     out: dict[str, object] = {}
     if coord is not None:
         out["repeated"] = coord.repeated_rounds

@@ -1,6 +1,7 @@
 """Jobs whose ranks stall on purpose: they submit collectives under different names or skip one.
 
-Run by tests/torch/test_stall.py, under hora's launcher or as bare ranks (torchrun's variables).
+Run by tests/collectives/test_stall.py, under hora's launcher or as bare ranks (torchrun's
+variables).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 import hora.torch as hvd
-from hora.collectives import _execute, _state
+from hora.collectives import _backends, _state
 
 CASES: dict[str, Callable[[int, int], None]] = {}
 
@@ -99,12 +99,12 @@ def allreduce_scaling(r: int, n: int) -> None:
 @case
 def allreduce_path(r: int, n: int) -> None:
     """One host: shared memory, unless HORA_SHM=0 keeps gloo."""
-    before = dict(_execute.stats)
+    before = dict(_backends.stats)
     hvd.allreduce(torch.ones(8), name="path")
-    shm = _execute.stats["shm_allreduce_calls"] - before.get("shm_allreduce_calls", 0)
+    shm = _backends.stats["shm_allreduce_calls"] - before.get("shm_allreduce_calls", 0)
     on_gpu = torch.empty(0).is_cuda  # the CUDA rerun of these cases (tests/gpu)
     assert shm == (0 if os.environ.get("HORA_SHM") == "0" or on_gpu else 1), shm
-    assert _execute.stats["allreduce_calls"] - before.get("allreduce_calls", 0) == 1
+    assert _backends.stats["allreduce_calls"] - before.get("allreduce_calls", 0) == 1
 
 
 @case
@@ -457,22 +457,22 @@ def threads_wait_together(r: int, n: int) -> None:
 
 @case
 def fusion(r: int, n: int) -> None:
-    before = _execute.stats["allreduce_calls"]
+    before = _backends.stats["allreduce_calls"]
     outs = hvd.grouped_allreduce([torch.full((64,), float(r)) for _ in range(10)], op=hvd.Sum)
-    assert _execute.stats["allreduce_calls"] - before == 1, "grouped allreduce was not fused"
+    assert _backends.stats["allreduce_calls"] - before == 1, "grouped allreduce was not fused"
     for o in outs:
         close(o, torch.full((64,), float(sum(range(n)))))
     hvd.barrier()
-    before = _execute.stats["allreduce_calls"]
-    fused_before = _execute.stats["fused_entries"]
+    before = _backends.stats["allreduce_calls"]
+    fused_before = _backends.stats["fused_entries"]
     handles = [
         hvd.allreduce_async(torch.full((1024,), float(r + k)), op=hvd.Sum) for k in range(64)
     ]
     for k, h in enumerate(handles):
         close(hvd.synchronize(h), torch.full((1024,), float(sum(range(n)) + n * k)))
-    calls = _execute.stats["allreduce_calls"] - before
+    calls = _backends.stats["allreduce_calls"] - before
     assert calls <= 32, f"64 small allreduces took {calls} backend calls"
-    assert _execute.stats["fused_entries"] - fused_before >= 32
+    assert _backends.stats["fused_entries"] - fused_before >= 32
 
 
 @case
@@ -512,7 +512,7 @@ def fusion_buffer_in_place(r: int, n: int) -> None:
 def a_name_reused_with_other_tensors(r: int, n: int) -> None:
     """One name submitted step after step: the same request object travels each time (made
     once), and the same name with another shape, dtype or op is a request of its own, exact."""
-    from hora.collectives import ops
+    from hora.collectives import _requests
 
     total = float(sum(range(n)))
     for step in range(6):
@@ -525,9 +525,9 @@ def a_name_reused_with_other_tensors(r: int, n: int) -> None:
         close(t, torch.full(shape, want, dtype=dtype))
     for _ in range(3):
         hvd.allreduce_(torch.ones(7), name="reused.same", op=hvd.Sum)
-    made = [req for key, req in ops._REQUESTS.items() if key[0] == "allreduce.reused.same"]
+    made = [req for key, req in _requests._REQUESTS.items() if key[0] == "allreduce.reused.same"]
     assert len(made) == 1, made  # built once, then found
-    made = [key for key in ops._REQUESTS if key[0] == "allreduce.reused"]
+    made = [key for key in _requests._REQUESTS if key[0] == "allreduce.reused"]
     assert len(made) == 5, made  # one per shape, dtype and op seen
 
 
@@ -862,16 +862,16 @@ def _outlive_dead_peer(path: str, r: int) -> str:
 def fusion_threshold() -> dict[str, int]:
     """Under HOROVOD_FUSION_THRESHOLD=4096, 4 KB tensors are never fused together."""
     hvd.init()
-    before = _execute.stats["allreduce_calls"]
+    before = _backends.stats["allreduce_calls"]
     handles = [hvd.allreduce_async(torch.ones(1024), op=hvd.Sum) for _ in range(16)]
     for h in handles:
         hvd.synchronize(h)
-    calls = _execute.stats["allreduce_calls"] - before
-    before_small = _execute.stats["allreduce_calls"]
+    calls = _backends.stats["allreduce_calls"] - before
+    before_small = _backends.stats["allreduce_calls"]
     handles = [hvd.allreduce_async(torch.ones(256), op=hvd.Sum) for _ in range(16)]
     for h in handles:
         hvd.synchronize(h)
-    small = _execute.stats["allreduce_calls"] - before_small
+    small = _backends.stats["allreduce_calls"] - before_small
     hvd.shutdown()
     return {"calls": calls, "small_calls": small}
 

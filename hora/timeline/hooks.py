@@ -1,9 +1,10 @@
 """The seam for the timeline: every phase of every collective is reported to one recorder.
 
-The default recorder is disabled, and the engine checks `recorder.enabled` before building any
-argument, so an engine without a timeline pays one attribute lookup per phase. A timeline writer
-(a later issue) subclasses `Recorder`, sets `enabled = True` and installs itself with
-`set_recorder`.
+The collective engine (hora.collectives) reports here; it sits below the timeline and imports
+only this module, which imports nothing of hora. The default recorder is disabled, and the engine
+checks `recorder.enabled` before building any argument, so an engine without a timeline pays one
+attribute lookup per phase. The timeline's writer (`_recorder.BufferRecorder`) subclasses
+`Recorder`, sets `enabled = True` and installs itself with `set_recorder` (`_control`).
 
 Phases, as Horovod names them: `NEGOTIATE_<KIND>` (submission until every rank is ready), then
 the operation `<KIND>` which nests `QUEUE`, `MEMCPY_IN_FUSION_BUFFER`, the backend call
@@ -40,3 +41,19 @@ def set_recorder(new: Recorder | None) -> Recorder:
     previous = recorder
     recorder = new if new is not None else NULL_RECORDER
     return previous
+
+
+def begin_each(names: list[str], phase: str) -> None:
+    """`phase` starts for every tensor of a bucket (nothing is done while recording is off)."""
+    rec = recorder
+    if rec.enabled:
+        for name in names:
+            rec.begin(name, phase)
+
+
+def end_each(names: list[str], phase: str) -> None:
+    """`phase` ends for every tensor of a bucket (nothing is done while recording is off)."""
+    rec = recorder
+    if rec.enabled:
+        for name in names:
+            rec.end(name, phase)

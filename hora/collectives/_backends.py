@@ -1,0 +1,116 @@
+"""The backends a bucket's data moves through, and which one serves a call.
+
+CPU allreduces of a set whose ranks share one host go through shared memory (`_shm`), gloo's
+loopback TCP otherwise. CUDA tensors go through NCCL when every rank of the set has a GPU of its
+own; where ranks share a GPU (NCCL refuses that) or NCCL is missing, they go through gloo by way
+of host copies ("staged"), as Horovod built without NCCL does.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hora.collectives._common import Average, Max, Min, Product, Sum
+from hora.collectives._fusion import FusionBuffer
+from hora.collectives._messages import ALLREDUCE
+from hora.timeline.hooks import begin_each, end_each
+
+REDUCE_OPS = {
+    Average: dist.ReduceOp.SUM,
+    Sum: dist.ReduceOp.SUM,
+    Min: dist.ReduceOp.MIN,
+    Max: dist.ReduceOp.MAX,
+    Product: dist.ReduceOp.PRODUCT,
+}
+# Newer torch renamed these two and warns (FutureWarning, on every rank) at each old-name call.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+# Counters the tests read to see fusion and routing at work (never timings).
+stats: Counter[str] = Counter()
+
+
+@dataclass
+class GroupInfo:
+    """A process set as the data path sees it: its ranks and its backend groups."""
+
+    ranks: tuple[int, ...]
+    index: int  # this process's position in `ranks`, -1 when not a member
+    gloo: Any = None  # a torch ProcessGroup, None when the set has one member
+    nccl: Any = None
+    nccl_usable: bool | None = None  # decided at the set's first CUDA collective
+    local: Any = None  # a _shm.LocalReducer when every member is on this host
+    fusion: FusionBuffer = field(default_factory=FusionBuffer)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+def nccl_usable(info: GroupInfo) -> bool:
+    """Whether NCCL can serve this set: each member on a GPU of its own (asked once, over gloo)."""
+    if info.nccl_usable is None:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        mine = str(getattr(props, "uuid", "")) or f"{props.pci_bus_id}:{props.pci_device_id}"
+        gpus: list[Any] = [None] * info.size
+        dist.all_gather_object(gpus, mine, group=info.gloo)
+        info.nccl_usable = len(set(gpus)) == info.size
+        if not info.nccl_usable and info.index == 0:
+            warnings.warn(
+                f"hora.torch: ranks {list(info.ranks)} share GPUs, which NCCL refuses; their CUDA "
+                "collectives go through gloo and host memory (slower). Give each rank its own "
+                "GPU, e.g. torch.cuda.set_device(hvd.local_rank()), for NCCL.",
+                stacklevel=2,
+            )
+    return info.nccl_usable
+
+
+def collective(
+    names: list[str],
+    kind: str,
+    info: GroupInfo,
+    device: str,
+    fn: Any,
+    out: Any,
+    *args: Any,
+    **kwargs: Any,
+) -> None:
+    """`fn(out, *args, group=...)` on the set's backend; `out` is the tensor the call writes."""
+    staged = device == "cuda" and (info.nccl is None or not nccl_usable(info))
+    phase = f"{'NCCL' if device == 'cuda' and not staged else 'GLOO'}_{kind.upper()}"
+    begin_each(names, phase)
+    if staged:
+        host = [a.cpu() if isinstance(a, torch.Tensor) else a for a in (out, *args)]
+        fn(*host, group=info.gloo, **kwargs)
+        out.copy_(host[0])
+    else:
+        fn(out, *args, group=info.nccl if device == "cuda" else info.gloo, **kwargs)
+    stats[f"{kind}_calls"] += 1
+    if device == "cuda":
+        stats["cuda_staged_calls" if staged else "cuda_nccl_calls"] += 1
+    end_each(names, phase)
+
+
+def shm_allreduce(names: list[str], run: Any, *args: Any) -> None:
+    """`run(*args)`, a shared-memory reduction (`_shm.LocalReducer`), timed and counted."""
+    begin_each(names, "SHM_ALLREDUCE")
+    run(*args)
+    stats["allreduce_calls"] += 1
+    stats["shm_allreduce_calls"] += 1
+    end_each(names, "SHM_ALLREDUCE")
+
+
+def reduce_work(
+    names: list[str], work: torch.Tensor, op: int, info: GroupInfo, device: str
+) -> None:
+    """Reduce one packed buffer across the set: shared memory on one host, else the backend."""
+    if info.size > 1 and device == "cpu" and info.local is not None:
+        shm_allreduce(names, info.local.allreduce_, work, op)
+    elif info.size > 1:
+        collective(names, ALLREDUCE, info, device, dist.all_reduce, work, op=REDUCE_OPS[op])

@@ -1,0 +1,157 @@
+"""Rank 0's round: take every worker's frame and its own submissions once due, let the
+`Coordinator` decide, send the decisions to every worker in one pickled payload and apply them
+here too (Horovod's controller on its coordinator).
+
+Rank 0 also decides when every rank stops: a rank's `shutdown()` (STOP), a failed or lost rank,
+or the stall inspector's verdict; the reason travels to all as the last response.
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+from typing import Any
+
+from hora.collectives import _channel
+from hora.collectives._common import SHUT_DOWN
+from hora.collectives._messages import Join, ProcessSetChange, Request, Shutdown, Stop
+from hora.collectives._negotiation import Coordinator
+from hora.collectives._queue import SubmissionQueue
+from hora.collectives._responses import ResponseHandler
+from hora.collectives._stall import StallInspector
+from hora.timeline import hooks as _th
+
+# How long rank 0 keeps a round of cache ids aside waiting for the other ranks' same round
+# (`Coordinator.offer`) before it submits them one by one, where the stall inspector sees them.
+STASH_WAIT_S = 0.25
+
+
+class CoordinatorRound:
+    """Rank 0's side of the negotiation star: a socket per worker, the coordinator, the stall
+    inspector, and why every rank must stop (None while all is well)."""
+
+    def __init__(
+        self,
+        peers: dict[int, socket.socket],
+        sel: selectors.BaseSelector,
+        queue: SubmissionQueue,
+        handler: ResponseHandler,
+        coordinator: Coordinator,
+        stall: StallInspector,
+    ) -> None:
+        for rank, peer in peers.items():
+            sel.register(peer, selectors.EVENT_READ, rank)
+        self._peers = peers
+        self._sel = sel
+        self._queue = queue
+        self._handler = handler
+        self.coordinator = coordinator
+        self._stall = stall
+        self._shutdown: str | None = None
+        self.ended = False  # every rank was told to stop
+
+    def step(self, ready: list[selectors.SelectorKey]) -> float | None:
+        """One round: take the workers' frames that are `ready` and this rank's submissions once
+        due, plan, send the responses and run them; returns how long the engine may sleep (None:
+        until something arrives)."""
+        if _th.recorder.enabled:
+            _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
+        for key in ready:
+            self._receive(key)
+        self._submit_own()
+        self._respond()
+        return None if self.ended else self._sleep_time()
+
+    def has_work(self) -> bool:
+        """Operations some rank still owes, or rounds set aside."""
+        return self.coordinator.has_pending() or self.coordinator.has_set_aside()
+
+    def tell_peers(self, reason: str) -> None:
+        """This rank's engine failed: every worker stops with `reason`."""
+        payload = _channel.pack([Shutdown(reason)])
+        for peer in self._peers.values():
+            _channel.send_payload(peer, payload)
+
+    def close(self) -> None:
+        for peer in self._peers.values():
+            peer.close()
+
+    def _stop(self, reason: str) -> None:
+        if self._shutdown is None:
+            self._shutdown = reason
+
+    def _receive(self, key: selectors.SelectorKey) -> None:
+        """One worker's frame: `(drops_applied, items)`, see `_messages`."""
+        rank = key.data
+        try:
+            drops_applied, items = _channel.recv_msg(key.fileobj)  # type: ignore[arg-type]
+        except (ConnectionError, OSError):
+            self._sel.unregister(key.fileobj)
+            self._peers.pop(rank, None)
+            self._stop(f"{SHUT_DOWN} (rank {rank} disconnected)")
+            return
+        coord = self.coordinator
+        repeated = items and type(items[0]) is int and all(type(i) is int for i in items)
+        if not (repeated and coord.offer(rank, tuple(items), time.monotonic())):
+            self._submit(rank, items)
+        coord.cache.ack(rank, drops_applied)
+
+    def _submit_own(self) -> None:
+        own = self._queue.take_due()
+        if not own:
+            return
+        coord = self.coordinator
+        ids = coord.cache.own_ids(own)
+        if ids is not None and coord.offer(0, ids, time.monotonic()):
+            return
+        self._submit(0, own)
+
+    def _submit(self, rank: int, items: list[Any]) -> None:
+        coord = self.coordinator
+        for item in items:
+            kind = type(item)
+            if kind is int:
+                coord.submit_cached(rank, item)
+            elif kind is Request:
+                coord.submit(rank, item)
+            elif kind is Join:
+                coord.join(rank)
+            elif kind is Stop:
+                self._stop(SHUT_DOWN)
+            elif kind is Shutdown:  # that rank's engine failed
+                self._stop(item.reason)
+            elif kind is ProcessSetChange:  # only ever this rank's own
+                coord.set_process_set(item.process_set_id, item.ranks)
+
+    def _respond(self) -> None:
+        coord = self.coordinator
+        age = coord.stash_age(time.monotonic())
+        if age is not None and age >= STASH_WAIT_S:
+            coord.spill()  # a rank is late or differs: let the stall inspector see who
+        responses: list[Any] = coord.take()
+        if self._shutdown is None:
+            self._shutdown = self._stall.inspect(bool(responses))
+        if self._shutdown is not None:
+            responses.append(Shutdown(self._shutdown))
+        if not responses:
+            return
+        payload = _channel.pack(responses)
+        for peer in list(self._peers.values()):
+            try:
+                _channel.send_payload(peer, payload)
+            except OSError:
+                self._stop(SHUT_DOWN)
+        if self._handler.handle(responses):
+            self.ended = True
+
+    def _sleep_time(self) -> float | None:
+        wait = self._stall.wake_in()
+        gather = self._queue.gather_time()
+        if gather is not None:
+            wait = gather if wait is None else min(wait, gather)
+        age = self.coordinator.stash_age(time.monotonic())
+        if age is not None:
+            left = max(0.0, STASH_WAIT_S - age)
+            wait = left if wait is None else min(wait, left)
+        return wait
