@@ -28,7 +28,7 @@ import torch
 
 from hora.collectives import _channel
 from hora.collectives import _timeline_hooks as _th
-from hora.collectives._common import SHUT_DOWN, HorovodInternalError
+from hora.collectives._common import SHUT_DOWN, CollectiveRefusedError, HorovodInternalError
 from hora.collectives._execute import GroupInfo, LocalOp, run_bucket
 from hora.collectives._negotiation import (
     Bucket,
@@ -670,7 +670,7 @@ class Engine:
                 if op is not None:
                     if rec.enabled and op.request is not None:
                         rec.end(op.request.name, "NEGOTIATE_" + op.request.kind.upper())
-                    op.complete(error=HorovodInternalError(resp.message))
+                    op.complete(error=CollectiveRefusedError(resp.message))
             elif isinstance(resp, JoinDone):
                 with self._lock:
                     op, self._join_op = self._join_op, None
