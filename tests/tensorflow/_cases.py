@@ -466,18 +466,6 @@ def keras_save_and_load_model(r: int, n: int) -> None:
     expect_raises(ValueError, lambda: khvd.broadcast_global_variables(0), "model")
 
 
-@case
-def timeline_probe(r: int, n: int) -> None:
-    """Named ops for the timeline test to find (recorded when the job runs with a timeline)."""
-    hvd.allreduce(tf.ones([4]), name="tf.probe")
-
-    @tf.function
-    def traced(x: tf.Tensor) -> tf.Tensor:
-        return hvd.allgather(x, name="tf.probe.graph")
-
-    traced(tf.ones([1, 3]))
-
-
 def run_all() -> dict[str, str]:
     """Run every case on this rank; never raise, so that every outcome comes back."""
     hvd.init(process_sets="dynamic")

@@ -14,17 +14,9 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-import hora
 from tests.tensorflow.horovod_session import horovod_keras_suite as keras_suite
 from tests.tensorflow.horovod_session import horovod_tensorflow_suite as tf_suite
 from tests.tensorflow.horovod_session import session
-
-SIZES = (2, 3)
-ENV = {
-    "TF_CPP_MIN_LOG_LEVEL": "2",
-    "HOROVOD_DYNAMIC_PROCESS_SETS": "1",  # the suites add and remove process sets
-    "HOROVOD_TIMELINE": "DYNAMIC",  # for start_timeline / stop_timeline
-}
 
 
 def _names() -> list[str]:
@@ -37,11 +29,11 @@ def _names() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def sessions() -> dict[int, list[dict]]:
-    return {np: hora.run(session.run_session, np=np, env=ENV, timeout=600) for np in SIZES}
+def sessions(tf_jobs: dict[int, list[dict]]) -> dict[int, list[dict]]:
+    return {np: [rank["session"] for rank in ranks] for np, ranks in tf_jobs.items()}
 
 
-@pytest.mark.parametrize("np", SIZES)
+@pytest.mark.parametrize("np", session.SIZES)
 @pytest.mark.parametrize("name", _names())
 def test_suite_case(sessions: dict[int, list[dict]], np: int, name: str) -> None:
     ranks = sessions[np]
@@ -51,7 +43,7 @@ def test_suite_case(sessions: dict[int, list[dict]], np: int, name: str) -> None
         assert got == "passed", f"rank {r}: {got}\n{result['failures'].get(name, '')}"
 
 
-@pytest.mark.parametrize("np", SIZES)
+@pytest.mark.parametrize("np", session.SIZES)
 def test_no_warning_from_hora_reaches_the_user(sessions: dict[int, list[dict]], np: int) -> None:
     """TensorFlow and Keras warn about their own matters; nothing hora does may warn."""
     for r, result in enumerate(sessions[np]):

@@ -11,9 +11,7 @@ pytest session (see `session.py`).
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
-import time
 from typing import Any
 
 import keras
@@ -21,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import hora.tensorflow.keras as hvd  # was: import horovod.tensorflow.keras as hvd
+from tests.tensorflow.horovod_session._timeline import recorded_tracks, shared_trace
 
 
 def weights(model: Any) -> np.ndarray:
@@ -163,26 +162,16 @@ class KerasTests(tf.test.TestCase):
         self.assertAllClose(got, np.full([2, 1], float(size)))
 
     def test_timeline(self):
-        """start_timeline/stop_timeline record every rank's collectives into one file
-        (HOROVOD_TIMELINE=DYNAMIC is set for the job); hora's driver writes it, so it is read
-        once the probe shows up."""
+        """start_timeline/stop_timeline, as Keras users call them (HOROVOD_TIMELINE=DYNAMIC is
+        set for the job)."""
         hvd.init()
-        where = hvd.broadcast_object(tempfile.mkdtemp() if hvd.rank() == 0 else None)
-        path = os.path.join(where, "timeline.json")
-        hvd.start_timeline(path)
-        hvd.allreduce(tf.ones([4]), name="keras.timeline.probe")
-        hvd.stop_timeline()
-        text = ""
-        deadline = time.monotonic() + 30
-        while '"allreduce.keras.timeline.probe"' not in text and time.monotonic() < deadline:
-            time.sleep(0.1)
-            if os.path.exists(path):
-                with open(path) as f:
-                    text = f.read()
-        self.assertIn('"allreduce.keras.timeline.probe"', text)
-        hvd.allgather_object(None)  # every rank has read it
-        if hvd.rank() == 0:
-            shutil.rmtree(where, ignore_errors=True)
+        name = "allreduce.keras.timeline.probe"
+        with shared_trace() as path:
+            hvd.start_timeline(path)
+            hvd.allreduce(tf.ones([4]), name="keras.timeline.probe")
+            hvd.stop_timeline()
+            wanted = {(r, name) for r in range(hvd.size())}
+            self.assertLessEqual(wanted, recorded_tracks(path, wanted))
 
 
 def weights_of(layer: Any) -> np.ndarray:

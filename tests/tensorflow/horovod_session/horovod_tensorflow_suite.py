@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 import hora.tensorflow as hvd  # was: import horovod.tensorflow as hvd
+from tests.tensorflow.horovod_session._timeline import recorded_tracks, shared_trace
 
 DTYPES = [tf.int32, tf.int64, tf.float16, tf.float32, tf.float64]
 GATHER_DTYPES = [tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.float32, tf.float64, tf.bool]
@@ -478,6 +479,24 @@ class _TensorFlowTests:
         finally:
             self.remove_sets(odd_set, even_set)
 
+    def test_horovod_allgather_grad_process_sets(self):
+        hvd.init()
+        rank = hvd.rank()
+        even_set, odd_set, this_set, set_ranks = self.even_odd_sets()
+        try:
+
+            def grad() -> tf.Tensor:
+                x = tf.ones([rank + 1, 2])
+                ys = tf.concat([tf.ones([r + 1, 2]) * r for r in set_ranks], 0)
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    gathered = hvd.allgather(x, process_set=this_set)
+                return tape.gradient(gathered, x, ys)
+
+            self.assertAllClose(self.run_ops(grad), np.full([rank + 1, 2], float(rank)))
+        finally:
+            self.remove_sets(odd_set, even_set)
+
     # ----- broadcast ----------------------------------------------------------------------------
     def test_horovod_broadcast_cpu(self):
         hvd.init()
@@ -579,6 +598,25 @@ class _TensorFlowTests:
             )
             for root, value in zip(set_ranks, got, strict=True):
                 self.assertAllEqual(value, np.full([17, 2], root))
+        finally:
+            self.remove_sets(odd_set, even_set)
+
+    def test_horovod_broadcast_grad_process_sets(self):
+        hvd.init()
+        rank = hvd.rank()
+        even_set, odd_set, this_set, set_ranks = self.even_odd_sets()
+        try:
+            for root in set_ranks:
+
+                def grad(root: int = root) -> tf.Tensor:
+                    x = tf.ones([3, 2]) * rank
+                    with tf.GradientTape() as tape:
+                        tape.watch(x)
+                        y = hvd.broadcast(x, root, process_set=this_set)
+                    return tape.gradient(y, x)
+
+                want = np.full([3, 2], 1.0 if rank == root else 0.0)
+                self.assertAllClose(self.run_ops(grad), want)
         finally:
             self.remove_sets(odd_set, even_set)
 
@@ -766,6 +804,25 @@ class _TensorFlowTests:
         finally:
             self.remove_sets(odd_set, even_set)
 
+    def test_horovod_alltoall_grad_process_sets(self):
+        hvd.init()
+        rank = hvd.rank()
+        even_set, odd_set, this_set, set_ranks = self.even_odd_sets()
+        try:
+            n = len(set_ranks)
+
+            def grad() -> tf.Tensor:
+                x = tf.ones([2 * n, 3])
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    collected = hvd.alltoall(x, process_set=this_set)
+                return tape.gradient(collected, x, tf.ones([2 * n, 3]) * (rank + 1))
+
+            want = np.repeat([r + 1.0 for r in set_ranks], 2)[:, None] * np.ones([2 * n, 3])
+            self.assertAllClose(self.run_ops(grad), want)
+        finally:
+            self.remove_sets(odd_set, even_set)
+
     # ----- reducescatter ------------------------------------------------------------------------
     def test_horovod_reducescatter_cpu(self):
         hvd.init()
@@ -895,6 +952,23 @@ class _TensorFlowTests:
         finally:
             self.remove_sets(odd_set, even_set)
 
+    def test_horovod_reducescatter_grad_process_sets(self):
+        hvd.init()
+        even_set, odd_set, this_set, set_ranks = self.even_odd_sets()
+        try:
+            n = len(set_ranks)
+
+            def grad() -> tf.Tensor:
+                x = tf.ones([n * 2, 3])
+                with tf.GradientTape() as tape:
+                    tape.watch(x)
+                    y = hvd.reducescatter(x, op=hvd.Sum, process_set=this_set)
+                return tape.gradient(y, x)
+
+            self.assertAllClose(self.run_ops(grad), np.full([n * 2, 3], float(n)))
+        finally:
+            self.remove_sets(odd_set, even_set)
+
     # ----- join, objects, compression -----------------------------------------------------------
     def test_horovod_join_allreduce(self):
         """A rank that joined adds zeros to the others' allreduces; join returns the last."""
@@ -941,6 +1015,18 @@ class _TensorFlowTests:
         )
         self.assertEqual(got.dtype, tf.float32)
         self.assertAllClose(got, tensor * size, rtol=1e-2, atol=1e-1)
+
+    def test_horovod_timeline(self):
+        """The timeline records the TF collectives of every rank, eager and traced alike
+        (HOROVOD_TIMELINE=DYNAMIC is set for the job)."""
+        hvd.init()
+        name = f"timeline.probe.{type(self).__name__}"
+        with shared_trace() as path:
+            hvd.start_timeline(path)
+            self.run_ops(lambda: hvd.allgather(tf.ones([1, 3]), name=name))
+            hvd.stop_timeline()
+            wanted = {(r, f"allgather.{name}") for r in range(hvd.size())}
+            self.assertLessEqual(wanted, recorded_tracks(path, wanted))
 
     # ----- gradient tapes -----------------------------------------------------------------------
     def test_distributed_gradient_tape(self):
