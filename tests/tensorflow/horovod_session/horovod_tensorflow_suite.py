@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -49,6 +50,8 @@ class _TensorFlowTests:
     assertRaises: Callable[..., Any]
     assertTrue: Callable[..., None]
     skipTest: Callable[..., None]
+
+    eager: bool
 
     def run_ops(self, fn: Callable[..., Any], *args: Any) -> Any:
         raise NotImplementedError
@@ -129,6 +132,26 @@ class _TensorFlowTests:
                 self.run_ops(lambda: hvd.allreduce(tf.ones([2])))
         finally:
             hvd.init()
+
+    def test_horovod_peer_shutdown_error(self):
+        """A peer's shutdown stops this rank's op: UnknownError, as Horovod's TF ops raise
+        (eagerly it is hora's HorovodInternalError too); shutdown() then init() start afresh."""
+        hvd.init()
+        self.need_two()
+        size = hvd.size()
+        try:
+            if hvd.rank() == 0:
+                with self.assertRaises(tf.errors.UnknownError) as caught:
+                    self.run_ops(lambda: hvd.allreduce(tf.ones([1]), name="never"))
+                if self.eager:
+                    self.assertIsInstance(caught.exception, hvd.HorovodInternalError)
+            else:
+                time.sleep(0.2)
+        finally:
+            hvd.shutdown()
+            hvd.init()
+        self.assertAllClose(self.run_ops(lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum)),
+                            [size, size])  # fmt: skip
 
     # ----- allreduce ----------------------------------------------------------------------------
     def test_horovod_allreduce_cpu(self):
@@ -1136,6 +1159,8 @@ class _TensorFlowTests:
 class TensorFlowEagerTests(_TensorFlowTests, tf.test.TestCase):
     """Every test's ops run eagerly."""
 
+    eager = True
+
     def run_ops(self, fn: Callable[..., Any], *args: Any) -> Any:
         return fn(*args)
 
@@ -1143,6 +1168,8 @@ class TensorFlowEagerTests(_TensorFlowTests, tf.test.TestCase):
 class TensorFlowFunctionTests(_TensorFlowTests, tf.test.TestCase):
     """Every test's ops are traced into a tf.function, then run (without AutoGraph, which has
     nothing to convert here and would parse this file again for every lambda)."""
+
+    eager = False
 
     def run_ops(self, fn: Callable[..., Any], *args: Any) -> Any:
         return tf.function(fn, autograph=False)(*args)
