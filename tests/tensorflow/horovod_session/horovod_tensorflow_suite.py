@@ -190,27 +190,19 @@ class _TensorFlowTests:
 
     def test_horovod_allreduce_cpu_prescale(self):
         hvd.init()
-        size = hvd.size()
-        tensors = [
-            random_uniform([17] * dim, dtype) for dtype, dim in itertools.product(FLOATS, DIMS)
-        ]
-        got = self.run_ops(
-            lambda: [hvd.allreduce(t, op=hvd.Sum, prescale_factor=0.5) for t in tensors]
-        )
-        for tensor, summed in zip(tensors, got, strict=True):
-            self.assertAllClose(summed, tensor * 0.5 * size)
+        self._scaled_allreduce(0.5, prescale_factor=0.5)
 
     def test_horovod_allreduce_cpu_postscale(self):
         hvd.init()
+        self._scaled_allreduce(1.5, postscale_factor=1.5)
+
+    def _scaled_allreduce(self, factor: float, **scale: float) -> None:
         size = hvd.size()
-        tensors = [
-            random_uniform([17] * dim, dtype) for dtype, dim in itertools.product(FLOATS, DIMS)
-        ]
-        got = self.run_ops(
-            lambda: [hvd.allreduce(t, op=hvd.Sum, postscale_factor=1.5) for t in tensors]
-        )
+        cases = itertools.product(FLOATS, DIMS)
+        tensors = [random_uniform([17] * dim, dtype) for dtype, dim in cases]
+        got = self.run_ops(lambda: [hvd.allreduce(t, op=hvd.Sum, **scale) for t in tensors])
         for tensor, summed in zip(tensors, got, strict=True):
-            self.assertAllClose(summed, tensor * 1.5 * size)
+            self.assertAllClose(summed, tensor * factor * size)
 
     def test_horovod_allreduce_error(self):
         """Ranks that disagree on the shape: FailedPreconditionError on every rank."""
