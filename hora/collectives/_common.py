@@ -30,6 +30,12 @@ class HorovodInternalError(RuntimeError):
     """A collective failed: raised on every rank (mismatch, dead peer, shutdown)."""
 
 
+class CollectiveRefusedError(HorovodInternalError):
+    """The coordinator refused an operation (the ranks disagree on its shape, dtype, op or root,
+    or it cannot run during a join): every member raises it and the engine goes on. Horovod's
+    precondition error, which its TensorFlow ops raise as tf.errors.FailedPreconditionError."""
+
+
 class HostsUpdatedInterrupt(RuntimeError):
     """Raised by elastic code when the set of hosts changed (kept for API compatibility)."""
 

@@ -9,7 +9,7 @@ collectives always meet. A worker has expanded the buckets' cache ids first (`_c
 from __future__ import annotations
 
 from hora.collectives._backends import GroupInfo
-from hora.collectives._common import HorovodInternalError
+from hora.collectives._common import CollectiveRefusedError, HorovodInternalError
 from hora.collectives._execute import run_bucket
 from hora.collectives._messages import Bucket, Failure, JoinDone, Response, Shutdown
 from hora.collectives._queue import Op, SubmissionQueue
@@ -56,7 +56,7 @@ class ResponseHandler:
         rec = _th.recorder
         if rec.enabled and op.request is not None:
             rec.end(op.request.name, "NEGOTIATE_" + op.request.kind.upper())
-        op.complete(error=HorovodInternalError(failure.message))
+        op.complete(error=CollectiveRefusedError(failure.message))
 
     def _record_queued(self, responses: list[Response | Shutdown]) -> None:
         """The buckets of one response wait their turn on the data path: negotiation is over for

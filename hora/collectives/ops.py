@@ -42,14 +42,15 @@ def _none(outputs: list[Any]) -> None:
     return None
 
 
-def _resolve_op(average: bool | None, op: int | None) -> int:
+def _resolve_op(average: bool | None, op: int | None, stacklevel: int = 3) -> int:
+    """`stacklevel`: where the `average` deprecation points, the user's call by default."""
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average; please provide only one of them.")
     if average is not None:
         warnings.warn(
             "Parameter `average` has been replaced with `op` and will be removed",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         op = Average if average else Sum
     if op is None:

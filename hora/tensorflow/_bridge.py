@@ -24,6 +24,8 @@ import numpy as np
 import tensorflow as tf
 import torch
 
+from hora.tensorflow import _errors
+
 # numpy (TF's view of the bytes) -> torch: the dtypes torch.from_numpy does not take travel as
 # their bits, re-labelled on the torch side.
 _BITS_AS: dict[str, tuple[Any, torch.dtype]] = {"bfloat16": (np.uint16, torch.bfloat16)}
@@ -98,26 +100,41 @@ def run(
     op_name: str,
 ) -> list[tf.Tensor]:
     """Run `call` (torch tensors in, torch tensors out) on TF tensors: directly when eager, as a
-    chained `tf.numpy_function` inside a graph."""
+    chained `tf.numpy_function` inside a graph; its failures raise Horovod's TF error classes
+    (`_errors`)."""
     if tf.executing_eagerly():
-        # np.asarray shares the eager tensor's buffer (`.numpy()` would copy it).
-        outputs = call([to_torch(np.asarray(t)) for t in tensors])
+        try:
+            # np.asarray shares the eager tensor's buffer (`.numpy()` would copy it).
+            outputs = call([to_torch(np.asarray(t)) for t in tensors])
+        except Exception as exc:
+            translated = _errors.to_tf(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
         return [to_tf(o) for o in outputs]
 
-    def py(*arrays: Any) -> list[np.ndarray]:
-        return [to_numpy(o) for o in call([to_torch(a) for a in arrays])]
+    def py(*arrays: Any) -> list[Any]:
+        try:
+            outputs = [to_numpy(o) for o in call([to_torch(a) for a in arrays])]
+        except Exception as exc:
+            message = _errors.refusal(exc)
+            if message is None:
+                raise  # the numpy_function kernel maps it (ValueError: InvalidArgument, ...)
+            return [
+                *(np.zeros(0, d.as_numpy_dtype) for d in out_dtypes),
+                _errors.refused_path(message),
+            ]
+        return [*outputs, _errors.OK_STATUS]
 
     graph = tf.compat.v1.get_default_graph()
     previous = _graph_last_op.get(graph)
     with tf.control_dependencies([previous] if previous is not None else []):
-        outputs = tf.numpy_function(
-            py, list(tensors), list(out_dtypes), stateful=True, name=op_name
+        *outputs, status = tf.numpy_function(
+            py, list(tensors), [*out_dtypes, tf.string], stateful=True, name=op_name
         )
-    if not isinstance(outputs, list | tuple):
-        outputs = [outputs]
-    outputs = list(outputs)
+    with tf.control_dependencies([_errors.check(status, op_name)]):
+        outputs = tf.raw_ops.IdentityN(input=outputs)  # none read before the check
     for out, shape in zip(outputs, out_shapes, strict=True):
         out.set_shape(shape)
-    if outputs:
-        _graph_last_op[graph] = outputs[0].op
+    _graph_last_op[graph] = outputs[0].op
     return outputs

@@ -1,5 +1,6 @@
-"""Variables and Python objects across ranks: `broadcast_variables`, `broadcast_object`,
-`allgather_object` (the object ones are the engine's, shared with hora.torch)."""
+"""Variables and Python objects across ranks: `broadcast_variables`, the in-place `broadcast_`,
+`broadcast_object`, `allgather_object` (the object ones are the engine's, shared with
+hora.torch)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import tensorflow as tf
+import torch
 
 from hora.collectives import ops as _ops
 from hora.collectives._process_sets import ProcessSet, global_process_set
-from hora.tensorflow import _bridge, mpi_ops
+from hora.tensorflow import _bridge
 from hora.torch.functions import allgather_object as _allgather_object
 from hora.torch.functions import broadcast_object as _broadcast_object
 
-__all__ = ["allgather_object", "broadcast_object", "broadcast_variables"]
+__all__ = ["allgather_object", "broadcast_", "broadcast_object", "broadcast_variables"]
 
 
 def broadcast_variables(
@@ -23,10 +25,32 @@ def broadcast_variables(
     """Assign `root_rank`'s values to `variables` (tf.Variable or keras.Variable), in order:
     every rank passes its variables in the same order, as Horovod requires."""
     variables = list(variables)
+    if variables:
+        _assign_broadcast(variables, int(root_rank), "broadcast_variables", process_set)
+
+
+def broadcast_(
+    variables: Any,
+    root_rank: int,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """Horovod's in-place broadcast: `root_rank`'s values assigned to `variables` (one variable
+    or a list), whose new values are returned (a tensor or a list, as given)."""
+    single = not isinstance(variables, list | tuple)
+    variables = [variables] if single else list(variables)
     if not variables:
-        return
+        return []
+    _assign_broadcast(variables, int(root_rank), name, process_set)
+    values = [_tf_value(v).read_value() for v in variables]
+    return values[0] if single else values
+
+
+def _assign_broadcast(
+    variables: list[Any], root_rank: int, name: str | None, process_set: ProcessSet
+) -> None:
     values = [tf.convert_to_tensor(_tf_value(v)) for v in variables]
-    received = _broadcast_group(values, int(root_rank), process_set)
+    received = _broadcast_group(values, root_rank, name, process_set)
     for var, value in zip(variables, received, strict=True):
         var.assign(value)
 
@@ -38,24 +62,32 @@ def _tf_value(var: Any) -> Any:
 
 
 def _broadcast_group(
-    values: list[tf.Tensor], root_rank: int, process_set: ProcessSet
+    values: list[tf.Tensor], root_rank: int, name: str | None, process_set: ProcessSet
 ) -> list[tf.Tensor]:
-    """Eagerly every broadcast is started before any is awaited (the engine fuses them);
-    inside a graph they are chained ops."""
-    if not tf.executing_eagerly():
-        return [
-            mpi_ops.broadcast(
-                v, root_rank, name=f"broadcast_variables.{i}", process_set=process_set
-            )
-            for i, v in enumerate(values)
+    """One op for the lot: every broadcast is started before any is awaited (the engine fuses
+    them); each is awaited, so a failed one leaves none behind."""
+    if name is None and not tf.executing_eagerly():
+        name = _bridge.graph_name("broadcast_")
+    names = [None if name is None else f"{name}.{i}" for i in range(len(values))]
+
+    def call(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        handles = [
+            _ops._broadcast_async(t, root_rank, n, process_set, False)
+            for t, n in zip(tensors, names, strict=True)
         ]
-    handles = [
-        _ops._broadcast_async(
-            _bridge.to_torch(v.numpy()), root_rank, f"broadcast_variables.{i}", process_set, False
-        )
-        for i, v in enumerate(values)
-    ]
-    return [tf.convert_to_tensor(_bridge.to_numpy(_ops.synchronize(h))) for h in handles]
+        results, error = [], None
+        for handle in handles:
+            try:
+                results.append(_ops.synchronize(handle))
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
+        return results
+
+    return _bridge.run(
+        call, values, [v.dtype for v in values], [v.shape for v in values], "HorovodBroadcast"
+    )
 
 
 def broadcast_object(

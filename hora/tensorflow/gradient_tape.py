@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import keras
 import tensorflow as tf
 
 from hora.collectives._common import Adasum, Average, Sum
@@ -79,7 +80,7 @@ def reduce_gradients(
             grads[i] = g = tf.convert_to_tensor(g)
         if id(sources[i]) in local_sources:
             if scale_local_gradients and size > 1:
-                grads[i] = g / size
+                grads[i] = _divided(g, size)
             continue
         reduce_these.append(i)
     if size == 1 and op == Average and prescale == postscale == 1.0:
@@ -98,6 +99,24 @@ def reduce_gradients(
     return grads
 
 
+def _divided(grad: Any, size: int) -> Any:
+    """A local gradient scaled down as Horovod scales it (an IndexedSlices' values)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
+
+
+def local_variables(local_layers: Any) -> list[Any]:
+    """The trainable variables of `local_layers` (a Keras layer or a list of them), Horovod's
+    rule for what stays local in the Partial* tape and optimizer."""
+    if local_layers is None:
+        return []
+    layers = [local_layers] if isinstance(local_layers, keras.layers.Layer) else local_layers
+    if not all(isinstance(layer, keras.layers.Layer) for layer in layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    return [var for layer in layers for var in layer.trainable_weights]
+
+
 class _DistributedGradientTape:
     """The methods a wrapped tape gains (copied into a subclass of the tape's own class)."""
 
@@ -105,7 +124,7 @@ class _DistributedGradientTape:
 
     def register_local_source(self, source: Any) -> None:
         """A variable each rank keeps to itself: its gradient is not reduced (only scaled)."""
-        self._hora["local"].add(id(source))
+        self._hora["local"][id(source)] = source  # kept alive: its id stays its own
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any):
         grads = super(type(self), self).gradient(  # type: ignore[misc]
@@ -165,20 +184,41 @@ def DistributedGradientTape(
         "groups": groups,
         "process_set": process_set,
         "scale_local_gradients": scale_local_gradients,
-        "local": set(),
+        "local": {},
     }
     return tape
 
 
 def PartialDistributedGradientTape(
-    gradtape: tf.GradientTape, local_layers: Any = None, **kwargs: Any
+    gradtape: tf.GradientTape,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: type[Compressor] = Compression.none,
+    sparse_as_dense: bool = False,
+    op: int = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
 ) -> tf.GradientTape:
-    """A DistributedGradientTape whose `local_layers`' variables stay local."""
-    tape = DistributedGradientTape(gradtape, **kwargs)
-    layers = local_layers if isinstance(local_layers, list | tuple) else [local_layers]
-    for layer in layers:
-        if layer is None:
-            continue
-        for var in getattr(layer, "trainable_weights", []):
-            tape.register_local_source(var)  # type: ignore[attr-defined]
+    """A DistributedGradientTape whose `local_layers`' (a Keras layer or a list) variables stay
+    local: their gradients are not reduced, only divided by the set size when
+    `scale_local_gradients`."""
+    tape = DistributedGradientTape(
+        gradtape,
+        device_dense,
+        device_sparse,
+        compression,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        num_groups,
+        groups,
+        process_set,
+        scale_local_gradients,
+    )
+    for var in local_variables(local_layers):
+        tape.register_local_source(var)  # type: ignore[attr-defined]
     return tape

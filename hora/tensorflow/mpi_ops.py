@@ -1,20 +1,23 @@
 """Horovod's TensorFlow collectives (`horovod.tensorflow`), with Horovod's TF gradients.
 
 Each op hands TF data to the shared engine (`hora.collectives`) through `_bridge` and is
-differentiable through `tf.custom_gradient`: allreduce -> allreduce of the gradient (same op and
-scale factors); allgather -> Average allreduce, this rank's rows; broadcast -> Average allreduce,
-zero off the root; alltoall -> alltoall back with the received splits; reducescatter -> allgather
-(times the set size for Sum, as hora.torch).
+differentiable through `tf.custom_gradient`, with the gradients Horovod registers for its TF ops:
+allreduce -> allreduce of the gradient (same op and scale factors); allgather -> Average
+allreduce, this rank's rows; broadcast -> Average allreduce, zero off the root; alltoall ->
+alltoall back with the received splits (zero for rows not sent); reducescatter -> allgather,
+times the set size for Sum and times the scale factors. Failures raise Horovod's TF error
+classes (`_errors`); `rank_op` and its kin read the ranks when the graph runs, as Horovod's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import tensorflow as tf
 import torch
 
+from hora.collectives import _state
 from hora.collectives import ops as _ops
 from hora.collectives._basics import rank
 from hora.collectives._common import Adasum, Average, Sum
@@ -37,7 +40,13 @@ __all__ = [
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_reducescatter",
+    "join",
+    "local_rank_op",
+    "local_size_op",
+    "process_set_included_op",
+    "rank_op",
     "reducescatter",
+    "size_op",
 ]
 
 
@@ -56,11 +65,6 @@ def _traced(name: str | None, kind: str) -> str | None:
     if name is None and not tf.executing_eagerly():
         return _bridge.graph_name(kind)
     return name
-
-
-def _set_size(process_set: ProcessSet) -> int:
-    _ops._group(process_set)  # a clear error for a set this rank cannot use
-    return len(process_set.ranks)
 
 
 def _rest(shape: tf.TensorShape) -> tf.TensorShape:
@@ -110,17 +114,26 @@ def _allreduce_diff(
     return list(out) if isinstance(out, list | tuple) else [out]
 
 
+_NO_ADASUM = "Adasum is not implemented in hora.tensorflow; use op=hvd.Average or op=hvd.Sum"
+
+
 def _resolve_op(average: bool | None, op: int | None) -> int:
-    return _ops._resolve_op(average, op)
+    if op == Adasum:
+        raise NotImplementedError(_NO_ADASUM)
+    return _ops._resolve_op(average, op, stacklevel=4)  # the user's call of allreduce
 
 
 def _sparse_allreduce(
     slices: tf.IndexedSlices, name: str | None, op: int, process_set: ProcessSet
 ) -> tf.IndexedSlices:
     """Horovod's IndexedSlices reduction: gather the values and the indices (only the touched
-    rows travel); Average divides the values by the set size."""
+    rows travel); Average divides the values by the set size. Horovod gathers for Min, Max
+    and Product too, which is a Sum once the slices are applied: hora refuses those."""
     if op not in (Average, Sum):
-        raise NotImplementedError("IndexedSlices allreduce supports only op=Average and op=Sum")
+        raise NotImplementedError(
+            "IndexedSlices allreduce supports only op=Average and op=Sum (the slices are "
+            "gathered, so a Min, Max or Product would be a Sum); pass a dense tensor"
+        )
     values = allgather(
         slices.values, name=None if name is None else f"{name}.values", process_set=process_set
     )
@@ -128,7 +141,7 @@ def _sparse_allreduce(
         slices.indices, name=None if name is None else f"{name}.indices", process_set=process_set
     )
     if op == Average:
-        values = values / tf.cast(_set_size(process_set), values.dtype)
+        values = values / tf.cast(len(process_set.ranks), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -337,7 +350,7 @@ def alltoall(
     if tensor.shape.rank == 0:
         raise ValueError("alltoall needs a tensor of at least one dimension")
     key = _name(name, ALLTOALL, ignore_name_scope)
-    n = _set_size(process_set)
+    n = process_set.size()  # the received splits' static shape: None while not registered
     split_tensor = None if splits is None else tf.convert_to_tensor(splits, dtype=tf.int32)
 
     @tf.custom_gradient
@@ -346,7 +359,10 @@ def alltoall(
 
         def grad(dy: tf.Tensor, _: Any = None) -> tf.Tensor:
             back, _sent = _alltoall_raw(dy, received, None, process_set, n)
-            return back
+            unsent = tf.shape(x)[0] - tf.shape(back)[0]  # rows not sent get no gradient
+            return tf.concat(
+                [back, tf.zeros(tf.concat([[unsent], tf.shape(back)[1:]], 0), back.dtype)], 0
+            )
 
         return (output, received), grad
 
@@ -355,7 +371,11 @@ def alltoall(
 
 
 def _alltoall_raw(
-    tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None, process_set: ProcessSet, n: int
+    tensor: tf.Tensor,
+    splits: tf.Tensor | None,
+    name: str | None,
+    process_set: ProcessSet,
+    n: int | None,
 ) -> tuple[tf.Tensor, tf.Tensor]:
     name = _traced(name, ALLTOALL)
 
@@ -387,13 +407,12 @@ def _reducescatter_diff(
     process_set: ProcessSet,
 ) -> list[tf.Tensor]:
     if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented in hora.tensorflow")
+        raise NotImplementedError(_NO_ADASUM)
     if op not in (Average, Sum):
         raise ValueError("reducescatter supports only op=Average and op=Sum")
     for t in tensors:
         if t.shape.rank == 0:
             raise ValueError("reducescatter needs tensors of at least one dimension")
-    n = _set_size(process_set)
     name = _traced(name, REDUCESCATTER)
 
     def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -413,7 +432,8 @@ def _reducescatter_diff(
 
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
             gathered = _allgather_diff(list(dys), None, process_set)
-            return [g * n if op == Sum else g for g in gathered]
+            scale = prescale * postscale * (len(process_set.ranks) if op == Sum else 1)
+            return [g if scale == 1 else g * tf.cast(scale, g.dtype) for g in gathered]
 
         return ys, grad
 
@@ -468,3 +488,56 @@ def grouped_reducescatter(
         process_set,
     )
     return [compression.decompress(t, ctx) for t, (_, ctx) in zip(outs, pairs, strict=True)]
+
+
+# ----- ranks and sizes as ops ------------------------------------------------------------------
+def _read_op(read: Callable[[], int], name: str | None, op_name: str) -> tf.Tensor:
+    """An int32 scalar got when the op runs, not when it is traced (as Horovod's: a graph built
+    before `hvd.init()` reads the world it runs in); FailedPrecondition before `hvd.init()`."""
+
+    def call(_: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [torch.tensor(read(), dtype=torch.int32)]
+
+    return _bridge.run(call, [], [tf.int32], [tf.TensorShape([])], name or op_name)[0]
+
+
+def _process_set_ranks(process_set_id: int) -> list[int]:
+    process_set = _state.get().process_sets.get(int(process_set_id))
+    if process_set is None:
+        raise ValueError(f"process set {process_set_id} is not registered")
+    return process_set.ranks
+
+
+def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """The number of ranks (of the process set `process_set_id`), read when the op runs."""
+    return _read_op(lambda: len(_process_set_ranks(process_set_id)), name, "HorovodSize")
+
+
+def local_size_op(name: str | None = None) -> tf.Tensor:
+    """The number of ranks on this host, read when the op runs."""
+    return _read_op(lambda: _state.get().local_size, name, "HorovodLocalSize")
+
+
+def rank_op(name: str | None = None) -> tf.Tensor:
+    """This process's rank, read when the op runs."""
+    return _read_op(lambda: _state.get().rank, name, "HorovodRank")
+
+
+def local_rank_op(name: str | None = None) -> tf.Tensor:
+    """This process's rank on its host, read when the op runs."""
+    return _read_op(lambda: _state.get().local_rank, name, "HorovodLocalRank")
+
+
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """1 if this rank belongs to the process set `process_set_id`, else 0, read when it runs."""
+
+    def included() -> int:
+        return int(_state.get().rank in _process_set_ranks(process_set_id))
+
+    return _read_op(included, name, "HorovodProcessSetIncluded")
+
+
+def join(name: str | None = None) -> tf.Tensor:
+    """Horovod's TF join, an op: wait until every rank has joined (meanwhile this rank adds zeros
+    to the others' allreduces) and return the rank that joined last, an int32 scalar."""
+    return _read_op(_ops.join, name, "HorovodJoin")

@@ -21,6 +21,7 @@ from hora.collectives.ops import ProcessSet as ProcessSet
 from hora.collectives.ops import Sum as Sum
 from hora.collectives.ops import global_process_set as global_process_set
 from hora.tensorflow import Compression as Compression
+from hora.tensorflow import SyncBatchNormalization as SyncBatchNormalization
 from hora.tensorflow import allgather as allgather
 from hora.tensorflow import allgather_object as allgather_object
 from hora.tensorflow import allreduce as allreduce
@@ -31,7 +32,12 @@ from hora.tensorflow import reducescatter as reducescatter
 from hora.tensorflow.compression import Compressor
 from hora.tensorflow.keras import callbacks as callbacks
 from hora.tensorflow.keras._optimizer import DistributedOptimizer as DistributedOptimizer
-from hora.tensorflow.keras._optimizer import _options, make_distributed
+from hora.tensorflow.keras._optimizer import (
+    PartialDistributedOptimizer as PartialDistributedOptimizer,
+)
+from hora.tensorflow.keras._optimizer import default_options, make_distributed
+from hora.timeline import start_timeline as start_timeline
+from hora.timeline import stop_timeline as stop_timeline
 
 __all__ = [
     *(n for n in _basics_all if n != "NOT_INITIALIZED"),
@@ -40,8 +46,10 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "HorovodInternalError",
+    "PartialDistributedOptimizer",
     "ProcessSet",
     "Sum",
+    "SyncBatchNormalization",
     "allgather",
     "allgather_object",
     "allreduce",
@@ -53,6 +61,8 @@ __all__ = [
     "global_process_set",
     "load_model",
     "reducescatter",
+    "start_timeline",
+    "stop_timeline",
 ]
 
 
@@ -91,8 +101,7 @@ def load_model(
     model = keras.models.load_model(filepath, custom_objects=objects or None)
     optimizer = getattr(model, "optimizer", None)
     if isinstance(optimizer, keras.optimizers.Optimizer):
-        make_distributed(
-            optimizer,
-            _options(compression, False, 1.0, Average, 1, False, None, global_process_set, True),
-        )
+        options = default_options()
+        options["compression"] = compression
+        make_distributed(optimizer, options)
     return model

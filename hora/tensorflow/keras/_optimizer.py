@@ -18,9 +18,9 @@ import keras
 from hora.collectives._common import Average, Sum
 from hora.collectives._process_sets import ProcessSet, global_process_set
 from hora.tensorflow.compression import Compression, Compressor
-from hora.tensorflow.gradient_tape import reduce_gradients
+from hora.tensorflow.gradient_tape import local_variables, reduce_gradients
 
-__all__ = ["DistributedOptimizer", "distributed_class"]
+__all__ = ["DistributedOptimizer", "PartialDistributedOptimizer", "distributed_class"]
 
 
 class _DistributedMethods:
@@ -36,7 +36,7 @@ class _DistributedMethods:
         )
 
     def _clip_gradients(self, grads: Any) -> Any:
-        options = self._hora
+        options = _options_of(self)
         variables = getattr(self, "_hora_variables", None) or [None] * len(grads)
         reduced = reduce_gradients(
             list(grads),
@@ -55,7 +55,17 @@ class _DistributedMethods:
 
     def register_local_var(self, var: Any) -> None:
         """A variable each rank keeps to itself: its gradient is not reduced (only scaled)."""
-        self._hora["local"].append(var)
+        _options_of(self)["local"].append(var)
+
+
+def _options_of(optimizer: Any) -> dict[str, Any]:
+    """The optimizer's options; Horovod's defaults for one made another way than by
+    DistributedOptimizer (e.g. `from_config` of its class: the options are no part of a config)."""
+    options = getattr(optimizer, "_hora", None)
+    if options is None:
+        options = default_options()
+        object.__setattr__(optimizer, "_hora", options)
+    return options
 
 
 _classes: dict[type, type] = {}
@@ -114,6 +124,10 @@ def _options(
         "local": [],
         "postscale": float(backward_passes_per_step) if summed else 1.0,
     }
+
+
+def default_options() -> dict[str, Any]:
+    return _options(Compression.none, False, 1.0, Average, 1, False, None, global_process_set, True)
 
 
 def DistributedOptimizer(
@@ -176,4 +190,44 @@ def DistributedOptimizer(
             scale_local_gradients,
         ),
     )
+    return wrapped
+
+
+def PartialDistributedOptimizer(
+    optimizer: keras.optimizers.Optimizer,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: type[Compressor] = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: int = Average,
+    backward_passes_per_step: int = 1,
+    average_aggregated_gradients: bool = False,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> keras.optimizers.Optimizer:
+    """A DistributedOptimizer whose `local_layers`' (a Keras layer or a list) variables stay
+    local: their gradients are not reduced, only divided by the set size when
+    `scale_local_gradients`."""
+    local = local_variables(local_layers)
+    wrapped = DistributedOptimizer(
+        optimizer,
+        name=name,
+        device_dense=device_dense,
+        device_sparse=device_sparse,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor,
+        op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
+    for var in local:
+        wrapped.register_local_var(var)
     return wrapped

@@ -1,0 +1,1 @@
+"""A Horovod user's TensorFlow and Keras pytest session, run inside every rank (`session.py`)."""
