@@ -20,20 +20,23 @@ import traceback
 
 import cloudpickle
 
-from hora import _deepspeed_ops
+from hora import _deepspeed_ops, _stacks
 from hora._payload import dumps_result
 from hora._script import CommandFailed
 from hora.wire import channel, link
-from hora.wire.protocol import ALLOWED, Boot, Error, Hello, Payload, Result
+from hora.wire.protocol import ALLOWED, Boot, DumpStacks, Error, Hello, Payload, Result, Stacks
 
 BOOT_ENV_FLAG = "HORA_WORKER"
 _HORA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def _watch_driver(conn: channel.Connection, done: threading.Event) -> None:
-    """Kill this worker's process group if the driver's channel closes before the job is done."""
+def _watch_driver(conn: channel.Connection, rank: int, done: threading.Event) -> None:
+    """Answer the driver's questions (where are you?) while the job runs, and kill this
+    worker's process group if the driver's channel closes before the job is done."""
     with contextlib.suppress(Exception):
-        conn.recv()
+        while True:
+            if isinstance(conn.recv(), DumpStacks):
+                conn.send(Stacks(rank, _stacks.dump(skip=threading.current_thread())))
     if not done.is_set():
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
@@ -62,7 +65,7 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
     rank = boot.rank
     job: Payload = conn.recv()
     done = threading.Event()
-    threading.Thread(target=_watch_driver, args=(conn, done), daemon=True).start()
+    threading.Thread(target=_watch_driver, args=(conn, rank, done), daemon=True).start()
     link.attach(link.DriverLink(conn, rank, boot.secret))
     try:
         fn, args, kwargs = cloudpickle.loads(job.job)

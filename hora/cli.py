@@ -25,6 +25,7 @@ from hora import engines
 from hora._script import Program, UsageError, resolve, run_program
 from hora.api import run
 from hora.errors import HoraError, RunTimeoutError
+from hora.job import stacks
 from hora.timeline import summary_text
 
 EXIT_FAILED = 1
@@ -202,7 +203,8 @@ def _stop_on_termination() -> Iterator[None]:
     process group gets SIGTERM (a script's handler can save a checkpoint, as under torchrun,
     which forwards them too), then SIGKILL after a grace. Without this the driver would die on
     the spot and its workers would only notice their channel closing: SIGKILL, no handler.
-    A second signal while the workers stop is ignored (SIGKILL remains the way to hurry)."""
+    A second signal while the workers stop is ignored (SIGKILL remains the way to hurry).
+    SIGUSR1 prints where every rank is (each thread's Python stack) and the run goes on."""
 
     def terminate(signum: int, _frame: FrameType | None) -> None:
         for sig in _TERMINATING:
@@ -213,6 +215,10 @@ def _stop_on_termination() -> Iterator[None]:
         yield  # only the main thread may set handlers; a caller elsewhere keeps its own
         return
     previous = {sig: signal.signal(sig, terminate) for sig in _TERMINATING}
+    # SIGUSR1 prints where every rank is (their Python stacks) and the run goes on.
+    previous[stacks.DUMP_SIGNAL] = signal.signal(
+        stacks.DUMP_SIGNAL, lambda _signum, _frame: stacks.request_dump()
+    )
     try:
         yield
     finally:

@@ -143,3 +143,27 @@ def import_from_driver_path() -> str:
     import driver_only_module  # type: ignore[import-not-found]
 
     return driver_only_module.VALUE
+
+
+def one_rank_waits_for_data(path: str | None = None) -> int:
+    """Rank 1 is stuck in its own code, never reaching the allreduce rank 0 is blocked in.
+
+    With `path`, rank 1 waits until that file exists instead of for ever, then joins in.
+    """
+    import torch
+
+    import hora.torch as hvd
+
+    hvd.init()
+    print(f"ready {hvd.rank()}", flush=True)
+    if hvd.rank() == 1:
+        wait_for_data(path)
+    hvd.allreduce(torch.ones(2), name="grad.w")
+    print(f"done {hvd.rank()}", flush=True)
+    return hvd.rank()
+
+
+def wait_for_data(path: str | None) -> None:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and not (path and os.path.exists(path)):
+        time.sleep(0.05)

@@ -29,6 +29,7 @@ Framework layers (hora.torch, hora.tensorflow) sit on top and add gradients and 
 
 from hora.collectives._basics import *  # noqa: F403 - listed in _basics.__all__
 from hora.collectives._basics import __all__ as _basics_all
+from hora.collectives._state import in_flight as in_flight  # not Horovod's: kept out of __all__
 from hora.collectives.ops import *  # noqa: F403 - listed in ops.__all__
 from hora.collectives.ops import __all__ as _ops_all
 

@@ -207,6 +207,17 @@ class SubmissionQueue:
             op, self.join_op = self.join_op, None
         return op
 
+    def describe(self) -> list[str]:
+        """What this rank waits for, as a person reads it ("allreduce 'grad.w'"), oldest first."""
+        with self.lock:
+            requests = [op.request for op in self.inflight.values() if op.request is not None]
+            joining = self.join_op is not None
+        described = []
+        for req in requests:
+            where = f" (process set {req.process_set_id})" if req.process_set_id else ""
+            described.append(f"{req.kind} {req.name!r}{where}")
+        return described + (["join"] if joining else [])
+
     def fail_all(self, reason: str) -> None:
         """End the engine: every operation in flight, and every later submission, fails."""
         with self.lock:

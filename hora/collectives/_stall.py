@@ -144,10 +144,27 @@ def describe(waiting: list[Waiting], now: float) -> str:
     return "; ".join(parts)
 
 
+class StallNotice(str):
+    """A stall report's text, with what the driver needs to ask the right ranks where they are:
+    the ranks the stalled collectives wait for, and whether every rank is being stopped now."""
+
+    missing: tuple[int, ...] = ()
+    stopping: bool = False
+
+    @classmethod
+    def of(cls, text: str, stalled: list[Waiting], stopping: bool = False) -> StallNotice:
+        notice = cls(text)
+        notice.missing = tuple(sorted({r for w in stalled for r in w.missing}))
+        notice.stopping = stopping
+        return notice
+
+
 def report_to_user(text: str | None) -> None:
     """To the driver under hora's launcher (None: the stall is over), else to rank 0's stderr."""
+    missing = text.missing if isinstance(text, StallNotice) else ()
+    stopping = isinstance(text, StallNotice) and text.stopping
     try:
-        if link.send_to_driver(Stall(text)):
+        if link.send_to_driver(Stall(text if text is None else str(text), missing, stopping)):
             return
     except OSError:
         pass  # the driver is gone; this process will be stopped soon
@@ -277,8 +294,12 @@ class StallInspector:
             self._stopped = True
             diagnosis = describe(stalled, now)
             self._report(
-                f"stopping every rank after {shutdown:g} s (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): "
-                f"{diagnosis}"
+                StallNotice.of(
+                    f"stopping every rank after {shutdown:g} s "
+                    f"(HOROVOD_STALL_SHUTDOWN_TIME_SECONDS): {diagnosis}",
+                    stalled,
+                    stopping=True,
+                )
             )
             return (
                 f"Horovod has been shut down: collectives stalled for {shutdown:g} s "
@@ -300,7 +321,10 @@ class StallInspector:
                 else "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=0: nothing will stop them"
             )
             self._report(
-                f"{describe(stalled, now)}. Ranks that submit different names, or a rank that "
-                f"skips a collective, wait forever; {ending}."
+                StallNotice.of(
+                    f"{describe(stalled, now)}. Ranks that submit different names, or a rank "
+                    f"that skips a collective, wait forever; {ending}.",
+                    stalled,
+                )
             )
         return None

@@ -36,3 +36,12 @@ def get() -> State:
     if current is None:
         raise ValueError(NOT_INITIALIZED)
     return current
+
+
+def in_flight() -> list[str]:
+    """The collectives this process waits for ("allreduce 'grad.w'"); none before `init()`.
+
+    For a rank's answer to "where are you?" (hora._stacks), so it reads no private state.
+    """
+    state = current
+    return [] if state is None else state.engine.queue.describe()

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from hora._output_files import OutputFiles
 from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
+from hora.job.stacks import StackRequest, take_request
 from hora.timeline._driver import DriverTimeline
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
@@ -28,6 +29,7 @@ from hora.wire.protocol import (
     Output,
     Payload,
     Result,
+    Stacks,
     Stall,
     TimelineBatch,
 )
@@ -94,6 +96,10 @@ class Monitor:
         self.tails: dict[int, deque[str]] = {r: deque(maxlen=TAIL_LINES) for r in range(np)}
         self.stopping = False
         self.stall: str | None = None  # rank 0's standing stall warning (hora.collectives._stall)
+        self.stuck: tuple[int, ...] = ()  # the ranks that warning waits for
+        self.connections: dict[int, Connection] = {}  # each started rank's channel
+        self.dump: StackRequest | None = None  # asked when the run is stopped: in its story
+        self.asked_by_user: StackRequest | None = None  # printed once answered, the run goes on
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
@@ -102,9 +108,10 @@ class Monitor:
         all_done_at: float | None = None
         while True:
             now = time.monotonic()
+            self._serve_user_dump()
             if self.failures:
                 first = min(f.time for f in self.failures.values())
-                if time.time() - first >= SETTLE_SECONDS:
+                if time.time() - first >= SETTLE_SECONDS and self._stacks_in(now):
                     raise self.failure_error()
             elif len(self.results) == np:
                 all_done_at = all_done_at or now
@@ -120,13 +127,10 @@ class Monitor:
                     missing,
                 )
             if limits.deadline is not None and now > limits.deadline:
-                running = [r for r in range(np) if r not in self.results]
-                stall = f"\nThey were stalled: {self.stall}" if self.stall else ""
-                raise RunTimeoutError(
-                    f"the job ran past timeout={limits.timeout:g} s and was stopped; "
-                    f"ranks {_ranks(running)} had not finished.{stall}",
-                    running,
-                )
+                if self.dump is None:
+                    self.dump = self._ask_where(f"the run reached timeout={limits.timeout:g} s")
+                if self._stacks_in(now):
+                    raise self.timeout_error(limits)
             try:
                 conn, message = self.group.events.get(timeout=0.05)
             except queue.Empty:
@@ -148,6 +152,7 @@ class Monitor:
                     return
                 conn.peer = rank
                 self.started[rank] = host
+                self.connections[rank] = conn
                 conn.send(Payload(self.payload, self.collect_all or rank == 0))
             case Output(rank=rank, stream=stream, text=text):
                 self._output(rank, stream, text)
@@ -162,14 +167,53 @@ class Monitor:
                 self.failures.setdefault(rank, failure)
             case TimelineBatch(rank=rank, path=path, batch=batch):
                 self.timeline.receive(rank, path, batch)
-            case Stall(text=text):
-                self._stall(text)
+            case Stall(text=text, missing=missing, stopping=stopping):
+                self._stall(text, missing, stopping)
+            case Stacks(rank=rank, text=text):
+                for request in (self.dump, self.asked_by_user):
+                    if request is not None:
+                        request.answer(rank, text)
 
-    def _stall(self, text: str | None) -> None:
-        """Rank 0's engine reports a stall (None: it is over); said on stderr, kept for timeouts."""
-        self.stall = text
+    def _stall(self, text: str | None, missing: tuple[int, ...], stopping: bool) -> None:
+        """Rank 0's engine reports a stall (None: it is over); said on stderr, kept for timeouts.
+        When it stops every rank, ask them where they are first."""
+        self.stall, self.stuck = text, tuple(missing) if text is not None else ()
         if text is not None:
             print(f"hora: stall: {text}", file=sys.stderr, flush=True)
+        if stopping and self.dump is None and not self.stopping:
+            self.dump = self._ask_where("the stall inspector stopped them")
+
+    # -- where each rank is -----------------------------------------------------------------
+    def _ask_where(self, why: str) -> StackRequest:
+        live = {r: c for r, c in self.connections.items() if r not in self.closed}
+        return StackRequest(live, why)
+
+    def _stacks_in(self, now: float) -> bool:
+        """No question to the ranks is pending (the story waits a few seconds for answers)."""
+        return self.dump is None or self.dump.complete(now)
+
+    def _stack_report(self, request: StackRequest) -> str:
+        ended = {*self.exits, *self.failures, *self.results}
+        return request.report(self.stuck, self.started if self.group.multi_host else None, ended)
+
+    def _serve_user_dump(self) -> None:
+        """The user asked (SIGUSR1 to `hora run`): ask the ranks, print their answers, go on."""
+        if take_request() and self.asked_by_user is None:
+            self.asked_by_user = self._ask_where("you asked (SIGUSR1)")
+        request = self.asked_by_user
+        if request is not None and request.complete():
+            self.asked_by_user = None
+            print(f"hora: {self._stack_report(request)}", file=sys.stderr, flush=True)
+
+    def timeout_error(self, limits: Limits) -> RunTimeoutError:
+        running = [r for r in range(self.np) if r not in self.results]
+        stall = f"\nThey were stalled: {self.stall}" if self.stall else ""
+        where = f"\n\n{self._stack_report(self.dump)}" if self.dump is not None else ""
+        return RunTimeoutError(
+            f"the job ran past timeout={limits.timeout:g} s and was stopped; "
+            f"ranks {_ranks(running)} had not finished.{stall}{where}",
+            running,
+        )
 
     def _output(self, rank: int, stream: str, text: str) -> None:
         self.tails[rank].append(text)
@@ -227,6 +271,8 @@ class Monitor:
         if others:
             lines += ["", "also failed, after it:"]
             lines += [f"  {f.subject or f'rank {f.rank}'}: {f.summary}" for f in others]
+        if self.dump is not None:
+            lines += ["", self._stack_report(self.dump)]
         return WorkerFailedError("\n".join(lines), root.rank, [f.rank for f in ordered])
 
 

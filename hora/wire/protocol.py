@@ -9,8 +9,9 @@ and Spark's Python workers import it too.
 Who sends what:
 
 - launcher -> worker process (one JSON line on its stdin): Boot
-- worker -> driver (the job's channel): Hello, Output, Result, Error, TimelineBatch, Stall
-- driver -> worker: Payload
+- worker -> driver (the job's channel): Hello, Output, Result, Error, TimelineBatch, Stall,
+  Stacks
+- driver -> worker: Payload, DumpStacks
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
 - rank supervisor (a Spark task, a Ray actor) <-> its launcher: TaskReady, Output, Exited /
   Go, Refuse, Stop
@@ -97,9 +98,22 @@ class TimelineBatch(NamedTuple):
 
 
 class Stall(NamedTuple):
-    """Rank 0's stall inspector: what has waited and for whom (None: the stall is over)."""
+    """Rank 0's stall inspector: what has waited and for whom (None: the stall is over).
+
+    `missing`: the ranks the stalled collectives wait for; `stopping`: the inspector is shutting
+    every rank down now (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), so the driver asks every rank
+    where it is before they go."""
 
     text: str | None
+    missing: tuple[int, ...] = ()
+    stopping: bool = False
+
+
+class Stacks(NamedTuple):
+    """Where a rank is: every thread's Python stack, and the collectives it has in flight."""
+
+    rank: int
+    text: str
 
 
 # -- driver -> worker ---------------------------------------------------------------------------
@@ -110,6 +124,10 @@ class Payload(NamedTuple):
 
     job: bytes
     want_result: bool
+
+
+class DumpStacks(NamedTuple):
+    """Say where you are (a `Stacks` reply): the run timed out, stalled, or a user asked."""
 
 
 # -- launcher -> driver -------------------------------------------------------------------------
@@ -173,11 +191,13 @@ class Stop(NamedTuple):
 
 
 #: what the job's event queue carries from the launchers and the workers
-DriverMessage = Hello | Output | Result | Error | TimelineBatch | Stall | Exited | EngineFailed
+DriverMessage = (
+    Hello | Output | Result | Error | TimelineBatch | Stall | Stacks | Exited | EngineFailed
+)
 
 #: the only classes a job channel's frame may name (hora.wire.channel's allow-list)
 ALLOWED = allowed_classes(
-    *(Hello, Output, Result, Error, TimelineBatch, Stall),  # worker -> driver
-    Payload,  # driver -> worker
+    *(Hello, Output, Result, Error, TimelineBatch, Stall, Stacks),  # worker -> driver
+    *(Payload, DumpStacks),  # driver -> worker
     *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
 )
