@@ -2,9 +2,11 @@
 
 `hora.Runner(np).run(main, **kwargs)` is HorovodRunner's contract, `hora.run(fn, ...)` is
 horovod.run's, `hora.torch` is Horovod's PyTorch API on torch.distributed, `hora.Checkpoint`
-(from hora.checkpoint) writes and finds training checkpoints.
+(from hora.checkpoint) writes and finds training checkpoints, `hora.report(metrics)` sends a
+step's metrics from any rank to the driver (printed, and to `report_to=`'s `hora.reporters`).
 """
 
+from hora import reporters as reporters
 from hora.api import HorovodRunner as HorovodRunner
 from hora.api import Runner as Runner
 from hora.api import run as run
@@ -14,6 +16,7 @@ from hora.errors import RunTimeoutError as RunTimeoutError
 from hora.errors import UnpicklableError as UnpicklableError
 from hora.errors import WorkerFailedError as WorkerFailedError
 from hora.wire.link import log_to_driver as log_to_driver
+from hora.wire.link import report as report
 
 __version__ = "0.1.0"
 
@@ -26,5 +29,7 @@ __all__ = [
     "UnpicklableError",
     "WorkerFailedError",
     "log_to_driver",
+    "report",
+    "reporters",
     "run",
 ]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hora import engines
-from hora.config import RunConfig, Verbosity
-from hora.job import launch
+from hora.config import Reporter, RunConfig, Verbosity
+from hora.job import launch_with_metrics
 
 
 class Runner:
@@ -23,6 +23,9 @@ class Runner:
     `max_restarts=N` restarts every rank up to N times when one fails (load your last checkpoint
     at the start of `main`: see `hora.checkpoint`).
     `output_filename` is a folder where each rank's output also goes (horovodrun's option).
+    Metrics the ranks send with `hora.report` are printed per step and handed to `report_to`
+    (hora.reporters.TensorBoard, MLflow, any callable); `return_metrics=True` makes `run`
+    return `(value, metrics)`, the metrics one dict per step.
     """
 
     def __init__(
@@ -37,6 +40,9 @@ class Runner:
         output_filename: str | os.PathLike[str] | None = None,
         backend: str | None = None,
         engine_options: Mapping[str, Any] | None = None,
+        report_to: Sequence[Reporter] | Reporter = (),
+        progress: bool = True,
+        return_metrics: bool = False,
     ):
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be an int, got {np!r}")
@@ -57,11 +63,16 @@ class Runner:
             output_filename=_folder(output_filename),
             engine_options=dict(engine_options or {}),
             collect_all=False,
+            report_to=report_to,
+            progress=progress,
         )
+        self.return_metrics = bool(return_metrics)
 
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
-        """Run `main(**kwargs)` on every rank; return rank 0's return value."""
-        return launch(main, (), kwargs, self.config)[0]
+        """Run `main(**kwargs)` on every rank; return rank 0's return value (and the metrics,
+        with `return_metrics=True`)."""
+        results, metrics = launch_with_metrics(main, (), kwargs, self.config)
+        return (results[0], metrics) if self.return_metrics else results[0]
 
 
 HorovodRunner = Runner
@@ -81,13 +92,18 @@ def run(
     max_restarts: int = 0,
     output_filename: str | os.PathLike[str] | None = None,
     engine_options: Mapping[str, Any] | None = None,
-) -> list[Any]:
+    report_to: Sequence[Reporter] | Reporter = (),
+    progress: bool = True,
+    return_metrics: bool = False,
+) -> Any:
     """Run `fn(*args, **kwargs)` on `np` processes; return every rank's value in rank order.
 
     `backend="auto"` uses Spark when a SparkSession is active, else Ray after `ray.init()`,
     else local processes; `engine_options` are the engine's own (hora.engines).
     `max_restarts=N` restarts every rank up to N times when one fails.
     `output_filename`: as horovod.run's, a folder that gets `rank.<rank>/stdout` and `stderr`.
+    `report_to`, `progress`: where the ranks' `hora.report` metrics go (see Runner);
+    `return_metrics=True` returns `(values, metrics)`.
     """
     config = RunConfig(
         np=np,
@@ -99,8 +115,11 @@ def run(
         max_restarts=max_restarts,
         output_filename=_folder(output_filename),
         engine_options=dict(engine_options or {}),
+        report_to=report_to,
+        progress=progress,
     )
-    return launch(fn, tuple(args), dict(kwargs or {}), config)
+    results, metrics = launch_with_metrics(fn, tuple(args), dict(kwargs or {}), config)
+    return (results, metrics) if return_metrics else results
 
 
 def _folder(path: str | os.PathLike[str] | None) -> str | None:

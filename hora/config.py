@@ -6,7 +6,7 @@ Bad input fails here, before anything is launched, with a message that says what
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,6 +15,9 @@ from hora import engines
 #: an engine's name (hora.engines lists them: "local", "spark", "ray")
 Backend = str
 Verbosity = Literal["all", "log_callback_only"]
+#: gets the ranks' `hora.report` metrics: called with (step, metrics) for every complete step;
+#: its `close()`, if it has one, at the end of the run
+Reporter = Callable[[int, dict[str, Any]], None]
 VERBOSITIES = ("all", "log_callback_only")
 
 
@@ -41,6 +44,11 @@ class RunConfig:
     #: whether every rank's return value comes back (hora.run), or only rank 0's (Runner.run,
     #: the pyspark doors): the others are then not even pickled
     collect_all: bool = True
+    #: who gets the ranks' `hora.report` metrics, one call `(step, metrics)` per complete step
+    #: (hora.reporters.TensorBoard, MLflow, or any callable); a `close()` is called at the end
+    report_to: Sequence[Reporter] | Reporter = ()
+    #: whether the driver prints a line per reported step
+    progress: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np <= 0:
@@ -74,6 +82,15 @@ class RunConfig:
             object.__setattr__(self, "output_filename", _output_folder(self.output_filename))
         if self.use_gpu is not None and not isinstance(self.use_gpu, bool):
             raise ValueError(f"use_gpu must be True, False or None, got {self.use_gpu!r}")
+        reporters = self.report_to
+        if callable(reporters):
+            reporters = (reporters,)  # one reporter needs no list
+        if not all(callable(r) for r in reporters):
+            raise ValueError(
+                "report_to must be a list of callables taking (step, metrics), such as "
+                f"hora.reporters.TensorBoard(log_dir); got {self.report_to!r}"
+            )
+        object.__setattr__(self, "report_to", tuple(reporters))
 
 
 def _is_str(value: object) -> bool:

@@ -167,3 +167,16 @@ def wait_for_data(path: str | None) -> None:
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not (path and os.path.exists(path)):
         time.sleep(0.05)
+
+
+def report_steps(steps: int = 3) -> int:
+    """Every rank reports `loss` = rank + step; rank 0 alone reports `lr` (a number) and `phase`."""
+    import hora
+
+    rank = int(os.environ["RANK"])
+    for step in range(1, steps + 1):
+        values: dict[str, object] = {"loss": float(rank + step)}
+        if rank == 0:
+            values |= {"lr": 0.1 / step, "phase": "warmup" if step == 1 else "train"}
+        hora.report(values)
+    return rank

@@ -12,5 +12,6 @@ The messages they exchange with launchers and workers are in `hora.wire.protocol
 """
 
 from hora.job.launch import launch as launch
+from hora.job.launch import launch_with_metrics as launch_with_metrics
 
-__all__ = ["launch"]
+__all__ = ["launch", "launch_with_metrics"]

@@ -20,6 +20,7 @@ from hora import environment
 from hora._output_files import OutputFiles
 from hora.config import RunConfig
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
+from hora.job.metrics import MetricsLog
 from hora.job.monitor import Group, Limits, Monitor
 from hora.job.policy import FailurePolicy
 from hora.timeline._driver import DriverTimeline
@@ -63,6 +64,8 @@ class Job:
         self.new_group = new_group
         self.policy = policy or FailurePolicy(config.max_restarts)
         self.failed: list[WorkerFailedError] = []  # one story per failed attempt, in order
+        # One for the run: a restarted attempt's reports follow the ones before it.
+        self.metrics = MetricsLog(config.report_to, progress=config.progress)
 
     def run(self) -> list[Any]:
         config = self.config
@@ -94,6 +97,7 @@ class Job:
                 return [_loads(results.get(r)) for r in range(config.np)]
         finally:
             timeline.close()
+            self.metrics.close()
             if self.output_files is not None:
                 self.output_files.close()
 
@@ -109,6 +113,7 @@ class Job:
             | environment.restart_env(attempt.index, config.max_restarts)
         )
         group = self.new_group(attempt, env)
+        self.metrics.start_attempt(attempt.index, config.np)
         monitor = Monitor(
             group,
             config.np,
@@ -117,6 +122,7 @@ class Job:
             timeline,
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
             output_files=self.output_files,
+            metrics=self.metrics,
         )
         try:
             group.start()

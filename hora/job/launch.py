@@ -24,6 +24,16 @@ def launch(
     The function is pickled and the engine checked (cluster, slots, Python) before anything
     starts; a bad value fails here with what to change.
     """
+    return launch_with_metrics(fn, args, kwargs, config)[0]
+
+
+def launch_with_metrics(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    config: RunConfig,
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """`launch`, and the history of the ranks' `hora.report` metrics, one dict per step."""
     if not callable(fn):
         raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
     payload = dumps_job(fn, tuple(args), dict(kwargs))
@@ -34,4 +44,6 @@ def launch(
         launcher = first if attempt.index == 0 else engine.make_launcher(config, restart=True)
         return WorkerGroup(config.np, launcher, env)
 
-    return Job(config, payload, new_group).run()
+    job = Job(config, payload, new_group)
+    results = job.run()
+    return results, job.metrics.history()

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from hora._output_files import OutputFiles
 from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
+from hora.job.metrics import MetricsLog
 from hora.job.stacks import StackRequest, take_request
 from hora.timeline._driver import DriverTimeline
 from hora.wire.channel import Connection
@@ -26,6 +27,7 @@ from hora.wire.protocol import (
     Error,
     Exited,
     Hello,
+    Metrics,
     Output,
     Payload,
     Result,
@@ -80,6 +82,7 @@ class Monitor:
         timeline: DriverTimeline,
         log_callback_only: bool = False,
         output_files: OutputFiles | None = None,
+        metrics: MetricsLog | None = None,
     ):
         self.group = group
         self.np = np
@@ -88,6 +91,7 @@ class Monitor:
         self.timeline = timeline
         self.log_callback_only = log_callback_only
         self.output_files = output_files  # the run's, shared by its attempts
+        self.metrics = metrics or MetricsLog(progress=False)  # the run's, shared by its attempts
         self.started: dict[int, str] = {}  # rank -> host
         self.results: dict[int, bytes | None] = {}
         self.exits: dict[int, int] = {}
@@ -109,6 +113,7 @@ class Monitor:
         while True:
             now = time.monotonic()
             self._serve_user_dump()
+            self.metrics.flush()
             if self.failures:
                 first = min(f.time for f in self.failures.values())
                 if time.time() - first >= SETTLE_SECONDS and self._stacks_in(now):
@@ -169,6 +174,8 @@ class Monitor:
                 self.timeline.receive(rank, path, batch)
             case Stall(text=text, missing=missing, stopping=stopping):
                 self._stall(text, missing, stopping)
+            case Metrics(rank=rank, step=step, values=values):
+                self.metrics.receive(rank, step, values)
             case Stacks(rank=rank, text=text):
                 for request in (self.dump, self.asked_by_user):
                     if request is not None:
@@ -251,7 +258,7 @@ class Monitor:
                 _conn, message = self.group.events.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(message, Output | TimelineBatch | Stall):
+            if isinstance(message, Output | TimelineBatch | Stall | Metrics):
                 self.handle(None, message)
 
     # -- the story of a failure -------------------------------------------------------------

@@ -11,10 +11,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from hora.wire.channel import Connection
-from hora.wire.protocol import Output, Stall, TimelineBatch
+from hora.wire.protocol import Metrics, Output, Stall, TimelineBatch
 
 
 class DriverLink:
@@ -30,8 +31,9 @@ class DriverLink:
         #: run (in order, errors ignored) while the channel is still up, just before the job's
         #: result is sent: the timeline ships its last events here.
         self.before_detach: list[Callable[[], None]] = []
+        self.steps_reported = 0  # `report`'s own step count, for calls that give none
 
-    def send(self, message: Output | Stall | TimelineBatch) -> None:
+    def send(self, message: Output | Stall | TimelineBatch | Metrics) -> None:
         """Send one message; may raise OSError when the driver is gone."""
         self.conn.send(message)
 
@@ -71,6 +73,48 @@ def log_to_driver(message: str) -> None:
         print(message, flush=True)
         return
     link.send(Output(link.rank, "log", str(message)))
+
+
+def report(metrics: Mapping[str, Any], step: int | None = None) -> None:
+    """Report one step's metrics (`{"loss": 0.21, "accuracy": 0.93}`) from any rank.
+
+    The driver prints them as they come, hands them to the run's `report_to` callbacks
+    (TensorBoard, MLflow, your own) and returns their history where asked
+    (`return_metrics=True`): per step, numbers are averaged over the ranks that reported it,
+    anything else is rank 0's (or the lowest reporting rank's). `step` defaults to this rank's
+    count of its reports (1, 2, ...). Outside a hora worker the metrics are printed, so the same
+    training code runs in a plain process.
+    """
+    values = _checked(metrics)
+    link = _current
+    if link is None:
+        print(f"hora.report: step {step}: {values}" if step is not None else values, flush=True)
+        return
+    link.steps_reported += 1
+    if step is None:
+        step = link.steps_reported
+    elif isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"hora.report: step must be an int, got {step!r}")
+    link.send(Metrics(link.rank, step, values))
+
+
+def _checked(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Plain values only: numbers (Python's, numpy's or one-element tensors'), str, bool."""
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"hora.report takes a dict of metrics, got {type(metrics).__name__}")
+    values: dict[str, Any] = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str):
+            raise TypeError(f"hora.report: metric names must be str, got {name!r}")
+        if hasattr(value, "item") and callable(value.item):  # a tensor's or numpy's scalar
+            value = value.item()
+        if not isinstance(value, int | float | str | bool | None):
+            raise TypeError(
+                f"hora.report: {name}={value!r} is not a number or a string; report plain "
+                "values (a tensor of one element is turned into its number)"
+            )
+        values[name] = value
+    return values
 
 
 def send_to_driver(message: Stall) -> bool:

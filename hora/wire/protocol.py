@@ -10,7 +10,7 @@ Who sends what:
 
 - launcher -> worker process (one JSON line on its stdin): Boot
 - worker -> driver (the job's channel): Hello, Output, Result, Error, TimelineBatch, Stall,
-  Stacks
+  Stacks, Metrics
 - driver -> worker: Payload, DumpStacks
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
 - rank supervisor (a Spark task, a Ray actor) <-> its launcher: TaskReady, Output, Exited /
@@ -109,6 +109,14 @@ class Stall(NamedTuple):
     stopping: bool = False
 
 
+class Metrics(NamedTuple):
+    """`hora.report(values, step)` from a rank: numbers (and other plain values) of one step."""
+
+    rank: int
+    step: int
+    values: dict[str, Any]
+
+
 class Stacks(NamedTuple):
     """Where a rank is: every thread's Python stack, and the collectives it has in flight."""
 
@@ -192,12 +200,21 @@ class Stop(NamedTuple):
 
 #: what the job's event queue carries from the launchers and the workers
 DriverMessage = (
-    Hello | Output | Result | Error | TimelineBatch | Stall | Stacks | Exited | EngineFailed
+    Hello
+    | Output
+    | Result
+    | Error
+    | TimelineBatch
+    | Stall
+    | Stacks
+    | Metrics
+    | Exited
+    | EngineFailed
 )
 
 #: the only classes a job channel's frame may name (hora.wire.channel's allow-list)
 ALLOWED = allowed_classes(
-    *(Hello, Output, Result, Error, TimelineBatch, Stall, Stacks),  # worker -> driver
+    *(Hello, Output, Result, Error, TimelineBatch, Stall, Stacks, Metrics),  # worker -> driver
     *(Payload, DumpStacks),  # driver -> worker
     *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
 )
