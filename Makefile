@@ -10,8 +10,10 @@ setup: $(STAMP)
 
 # torch==2.13.0 goes in first and alone: anything that pulls a plain `torch` later is then satisfied
 # and pip does not download a multi-GB CUDA build. DeepSpeed is an sdist whose setup imports torch
-# (--no-build-isolation: it builds against this torch, no op compiled at install); the one op its
-# CPU accelerator loads in every init_distributed is built here, never in the middle of a job.
+# (--no-build-isolation: it builds against this torch, no op compiled at install); the op its CPU
+# accelerator loads in every init_distributed and its default optimizers' CPU ops (Adam/AdamW:
+# fused_adam, cpu_adam under ZeRO-Offload) are built here, into torch's extension cache, where
+# DeepSpeed itself finds them; an op missing there is built once per host in the job.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

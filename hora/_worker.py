@@ -100,7 +100,7 @@ def main() -> None:
     boot = Boot.from_line(sys.stdin.readline())
     sys.path.extend(p for p in boot.sys_path if p not in sys.path)
     os.environ[BOOT_ENV_FLAG] = "1"
-    _deepspeed_ops.refuse_jit_builds()
+    _deepspeed_ops.build_once_per_host()
     conn = channel.connect(boot.address, boot.secret, ALLOWED)
     conn.send(Hello(boot.rank, os.getpid(), socket.gethostname()))
     status = _run(boot, conn)

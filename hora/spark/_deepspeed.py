@@ -4,7 +4,8 @@ pyspark runs `python -m torch.distributed.run ... script args --deepspeed --deep
 <tmp.json>` and never removes the temp file. Here the script runs in hora's ranks (hora's logs,
 failures, restarts, GPU pinning and timeline) with the same two arguments appended; a dict config
 is written where every rank reads it and removed when the run ends, failed or not; and the config
-is checked by DeepSpeed's own config classes on the driver, so a typo is an error before launch.
+is checked by DeepSpeed's own config classes on the driver, so a typo is an error before launch;
+in local mode, so is an op the config needs that this host cannot build (hora._deepspeed_ops).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
+from hora import _deepspeed_ops
 from hora._script import check_script, run_script
 from hora.engines.spark.session import active_spark_context
 from hora.job import launch
@@ -70,6 +72,8 @@ class DeepspeedTorchDistributor(TorchDistributor):
         if self._config is not None and not self._checked:
             _deepspeed_config.check(self._config, self.num_processes)
             self._checked = True
+        if self.local_mode and self._config is not None:  # the ranks' host is this one
+            _deepspeed_ops.refuse_unbuildable(self._config)
         config = self._engine()
         if not isinstance(train_object, str | os.PathLike):
             if _takes_config(train_object):

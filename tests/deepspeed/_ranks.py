@@ -1,4 +1,5 @@
-"""What the DeepSpeed door's ranks run in the tests: a `deepspeed`-launcher script and a function.
+"""What the DeepSpeed door's ranks run in the tests: a `deepspeed`-launcher script and a function
+(and an op load, as DeepSpeed's engine does it).
 
 Each trains a tiny model with `deepspeed.initialize` for a few steps on real data and reports
 what it saw (its config path and whether the file was there, its place, its losses) as JSON.
@@ -54,6 +55,14 @@ def function(out: str, deepspeed_config: dict | None = None) -> dict:
     with open(os.path.join(out, f"rank{seen['rank']}.json"), "w") as f:
         json.dump(seen, f)
     return seen
+
+
+def load_op(builder: str) -> str:
+    """What DeepSpeed does when its engine needs an op (its FusedAdam: FusedAdamBuilder)."""
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().create_op_builder(builder).load()
+    return builder
 
 
 def main() -> None:
