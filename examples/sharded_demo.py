@@ -15,7 +15,7 @@ from hora.spark import DeepspeedTorchDistributor, TorchDistributor
 HERE = os.path.dirname(os.path.abspath(__file__))
 ZERO3 = {
     "train_micro_batch_size_per_gpu": 16,
-    # torch's Adam: DeepSpeed's own would be compiled with gcc first (hora refuses that mid-job)
+    # torch's Adam: DeepSpeed's own is a compiled op (hora builds it once per host, minutes)
     "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},
     "zero_optimization": {"stage": 3},
 }
