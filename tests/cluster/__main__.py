@@ -110,6 +110,7 @@ def serve(args: argparse.Namespace) -> int:
             "driver": cluster.driver_address,
             "spark_master": cluster.spark_master if cluster.spark else None,
             "ray_address": cluster.ray_address if cluster.ray else None,
+            "ray_auth_mode": os.environ.get("RAY_AUTH_MODE", "disabled"),
             "hosts": {
                 h.name: {"address": h.address, "enter": " ".join(cluster.network.enter(h))}
                 for h in cluster.hosts
@@ -193,7 +194,8 @@ def _print(record: dict) -> None:
     if record["spark_master"]:
         print(f"  Spark master:   {record['spark_master']}")
     if record["ray_address"]:
-        print(f"  Ray address:    {record['ray_address']}")
+        mode = record["ray_auth_mode"]
+        print(f"  Ray address:    {record['ray_address']}  (RAY_AUTH_MODE={mode})")
     for name, host in record["hosts"].items():
         print(f"  {name}: {host['address']}  (a shell there: {host['enter']} bash)")
     if record.get("shape"):

@@ -1,21 +1,31 @@
-"""What the multi-host tests assert about a job's ranks, and a thread that strikes a fault at the
-moment a job marks."""
+"""What the multi-host tests assert about a job's ranks, a thread that strikes a fault at the
+moment a job marks, and the cut-off scenario every engine is put through."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
+import hora
 from tests.cluster import _jobs
+from tests.cluster._cluster import Cluster
+from tests.cluster._hosts import Host
 
 REPORT_SECONDS = 60.0  # a lost peer must be reported within this (issue 23)
 JOB_TIMEOUT = 240.0  # a safety net under pytest's own timeout
+# For jobs that wait on a cut-off host: hora's stall shutdown (public, default 600 s) ends them
+# after this, so that such a test takes about a minute however late the engine notices; never
+# under REPORT_SECONDS, so it cannot pass for the detection the tests ask for.
+BOUNDED_WAIT = {"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(REPORT_SECONDS + 5)}
 
 
 def placement_table(places: list[dict[str, Any]]) -> str:
@@ -92,3 +102,40 @@ def looping_rank_host(folder: Path, np: int) -> Callable[[], str | None]:
         return (folder / "looping-1").read_text() or None
 
     return ready
+
+
+@dataclass(frozen=True)
+class CutOff:
+    """What a job said after one of its hosts was cut off, and how long after the cut."""
+
+    host: Host
+    seconds: float
+    story: str
+
+    def __str__(self) -> str:
+        first = self.story.splitlines()[0]
+        return f"{self.host.name} cut, reported {self.seconds:.1f} s later: {first}"
+
+    def assert_reported_in_time_naming_the_host(self) -> None:
+        assert self.seconds < REPORT_SECONDS, str(self)
+        host = self.host
+        assert re.search(rf"\b({host.name}|{re.escape(host.address)})\b", self.story), str(self)
+
+
+def cut_off_mid_collective(cluster: Cluster, folder: Path, backend: str, np: int) -> CutOff:
+    """Every rank allreduces in a loop; once all do, rank 1's host loses its link (veth down),
+    its processes alive, until the job fails."""
+    with (
+        Watcher(looping_rank_host(folder, np), cluster.cut_off) as cutter,
+        pytest.raises(hora.HoraError) as info,
+    ):
+        hora.run(
+            _jobs.allreduce_until_cut_off,
+            (str(folder),),
+            np=np,
+            backend=backend,
+            env=BOUNDED_WAIT,
+            timeout=JOB_TIMEOUT,
+        )
+    seconds = time.monotonic() - (cutter.acted_at or 0)
+    return CutOff(cluster.host(cutter.value), seconds, str(info.value))

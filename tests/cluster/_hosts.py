@@ -25,6 +25,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -85,7 +86,7 @@ class Slot:
 
     @property
     def subnet(self) -> ipaddress.IPv4Network:
-        return ipaddress.ip_network((int(FIRST_SUBNET.network_address) + (self.index << 8), 24))  # type: ignore[return-value]
+        return ipaddress.IPv4Network((int(FIRST_SUBNET.network_address) + (self.index << 8), 24))
 
     @property
     def folder(self) -> Path:
@@ -163,6 +164,19 @@ def kill_all(pids: Sequence[int], grace: float = KILL_GRACE_SECONDS) -> None:
         deadline = time.monotonic() + wait
         while any(_alive(p) for p in alive) and time.monotonic() < deadline:
             time.sleep(0.05)
+
+
+def popen_logged(argv: Sequence[str], env: Mapping[str, str], log: Path) -> subprocess.Popen:
+    """Start a long-lived process in a session of its own, its output appended to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            argv,
+            env=dict(env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
 
 def _alive(pid: int) -> bool:
@@ -299,7 +313,11 @@ class Network:
         self._anchors: dict[str, subprocess.Popen[str]] = {}
 
     def host(self, name: str) -> Host:
-        return next(h for h in self.hosts if name in (h.name, h.address, h.netns))
+        """A host by hostname, address or namespace."""
+        for host in self.hosts:
+            if name in (host.name, host.address, host.netns):
+                return host
+        raise ValueError(f"no host {name!r}: the hosts are {[h.name for h in self.hosts]}")
 
     # -- making and removing -------------------------------------------------------------
     def start(self) -> None:
@@ -313,6 +331,7 @@ class Network:
             self._make_host(host)
         for host in self.hosts:
             self._anchors[host.name] = self._anchor(host)
+        self._check_hosts_reach_each_other()
 
     def _make_host(self, host: Host) -> None:
         peer = f"{self.prefix}p{host.index}"
@@ -355,6 +374,41 @@ class Network:
         anchor.stdout.close()
         return anchor
 
+    def _check_hosts_reach_each_other(self) -> None:
+        """A TCP connection from the first host to each other one, over the bridge. Where the
+        kernel passes bridged traffic through iptables (br_netfilter) and the FORWARD policy
+        is DROP (Docker sets it), hosts reach the driver but not each other, and a
+        cross-host collective would hang instead."""
+        first, port = self.hosts[0], 9  # each namespace has its own ports: 9 is free there
+        serve = "import socket,sys; s=socket.create_server((sys.argv[1],9)); s.settimeout(10)"
+        serve += "; s.accept()[0].sendall(b'ok')"
+        dial = "import socket,sys,time\nfor _ in range(100):\n try:\n"
+        dial += "  print(socket.create_connection((sys.argv[1],9),timeout=5).recv(2).decode())"
+        dial += "\n  break\n except ConnectionRefusedError: time.sleep(0.05)"
+        for other in self.hosts[1:]:
+            listener = subprocess.Popen(
+                [*self.enter(other), sys.executable, "-c", serve, other.address],
+                env=self.base_env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                said = self.run(first, [sys.executable, "-c", dial, other.address], timeout=30)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                said = str(exc)
+            finally:
+                listener.kill()
+                listener.wait()
+            if said.strip() != "ok":
+                why = said.strip().splitlines()[-1] if said.strip() else "no answer"
+                raise RuntimeError(
+                    f"{first.name} cannot reach {other.name}:{port} over the bridge {self.bridge}"
+                    f" ({why}). If br_netfilter is loaded "
+                    "(net.bridge.bridge-nf-call-iptables=1) and iptables' FORWARD policy is DROP "
+                    f"(as Docker sets it), allow the bridge: iptables -I FORWARD -i {self.bridge} "
+                    f"-o {self.bridge} -j ACCEPT"
+                )
+
     def stop(self) -> None:
         """Remove every host and the bridge; the processes on the hosts are killed first."""
         for anchor in self._anchors.values():
@@ -377,17 +431,9 @@ class Network:
         argv: Sequence[str],
         env: Mapping[str, str],
         log: Path,
-    ) -> subprocess.Popen[bytes]:
+    ) -> subprocess.Popen:
         """Start `argv` on `host` in a session of its own, output to `log`."""
-        with open(log, "ab") as out:
-            return subprocess.Popen(
-                [*self.enter(host), *argv],
-                env=dict(env),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        return popen_logged([*self.enter(host), *argv], env, log)
 
     def run(self, host: Host, argv: Sequence[str], timeout: float = 60) -> str:
         """Run a short command on `host` and return its output (raises if it fails)."""

@@ -19,11 +19,10 @@ import hora
 from tests.cluster import _jobs
 from tests.cluster._checks import (
     JOB_TIMEOUT,
-    REPORT_SECONDS,
     Watcher,
     assert_spread,
     assert_trained_like_one_process,
-    looping_rank_host,
+    cut_off_mid_collective,
     marked_host,
     placement_table,
 )
@@ -113,7 +112,7 @@ def vanished_without_slots(spark_cluster, tmp_path_factory) -> dict[str, str]:
                 np=NP,
                 backend="spark",
                 max_restarts=1,
-                start_timeout=20,
+                start_timeout=10,
                 timeout=JOB_TIMEOUT,
             )
     finally:
@@ -150,27 +149,17 @@ def test_a_vanished_host_without_enough_slots_left_names_the_host(vanished_witho
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 23: a peer that goes silent is not detected by hora; the ranks left wait in "
-    "the negotiation (a stall warning at 60 s, shutdown at 600 s) until Spark's master declares "
-    "the worker lost (spark.worker.timeout=60 s, checked every 15 s): 84 s after the cut here",
+    reason="issue 23: hora does not detect a silent peer; whatever times out first reports "
+    "it, never within 60 s with the host named: gloo's 30 s timeout where a rank left was in a "
+    "transfer with the cut host ('rank 0 failed: HorovodInternalError: allreduce failed: ... "
+    "Timed out waiting 30000ms for recv', 35 s after the cut, no host), else the stall shutdown "
+    "(600 s by default, 65 s here), else Spark's master declaring the worker lost ('Spark task "
+    "3 on host 10.213.57.3 (rank 3) failed: ... worker lost', 63 to 152 s after the cut)",
 )
 def test_a_host_cut_off_mid_collective_is_reported_within_60s_naming_it(cluster, tmp_path):
-    """Every rank allreduces in a loop; rank 1's host loses its link (veth down), its processes
-    alive. The job must fail within REPORT_SECONDS, with a story that names that host."""
-
-    with (
-        Watcher(looping_rank_host(tmp_path, NP), cluster.cut_off) as cutter,
-        pytest.raises(hora.HoraError) as info,
-    ):
-        job = _jobs.allreduce_until_cut_off
-        hora.run(job, (str(tmp_path),), np=NP, backend="spark", timeout=JOB_TIMEOUT)
-    seconds = time.monotonic() - (cutter.acted_at or 0)
-    cut = cluster.host(cutter.value)
-    cluster.restore(cut.name)
-    story = str(info.value)
-    note(f"spark cut-off: {cut.name} cut, reported {seconds:.1f} s later: {_first_lines(story)}")
-    assert seconds < REPORT_SECONDS, f"reported after {seconds:.0f} s: {story}"
-    assert re.search(rf"\b({cut.name}|{re.escape(cut.address)})\b", story), story
+    cut = cut_off_mid_collective(cluster, tmp_path, "spark", NP)
+    note(f"spark cut-off: {cut}")
+    cut.assert_reported_in_time_naming_the_host()
 
 
 def test_training_over_lossy_jittery_links_gives_the_same_result(cluster):
@@ -185,7 +174,3 @@ def test_training_over_lossy_jittery_links_gives_the_same_result(cluster):
     note(f"spark lossy training placement: {placement_table(places)}")
     assert_spread(places, HOSTS, CORES)
     assert_trained_like_one_process(results)
-
-
-def _first_lines(text: str, count: int = 3) -> str:
-    return " | ".join(text.splitlines()[:count])
