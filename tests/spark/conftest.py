@@ -58,9 +58,13 @@ def stop_spark(session) -> None:
 
 @pytest.fixture(scope="package", autouse=True)
 def spark_jvm_ends_with_these_tests():
-    """pyspark keeps its JVM (and Python daemons) for the life of the process; end them here so
-    the other tests' check that no process survives sees none of Spark's."""
     yield
+    end_spark_jvm()
+
+
+def end_spark_jvm() -> None:
+    """pyspark keeps its JVM (and Python daemons) for the life of the process; end them, so
+    the other tests' check that no process survives sees none of Spark's."""
     from pyspark import SparkContext
 
     gateway = SparkContext._gateway

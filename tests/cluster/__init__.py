@@ -1,0 +1,1 @@
+"""A test cluster of namespaced hosts on this machine, and the multi-host tests that run on it."""

@@ -1,0 +1,145 @@
+"""What the ranks run in the multi-host tests; each job says where its ranks ran (`where`).
+
+The training job (`train`) is deterministic: the model comes from a fixed seed, every step's
+batch from the step and the rank, and the optimizer (SGD with momentum) is checkpointed with the
+model, so an attempt that resumes from step k-1 trains exactly as an uninterrupted run would, and
+`reference` trains the same model in one process on the whole batch of every step.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+STEPS = 12
+ROWS_PER_RANK = 16
+HOST_MARK = "kill-host"  # the file a rank writes when the test must make its host vanish
+
+
+def where() -> dict[str, Any]:
+    """This rank's host (its UTS hostname) and the placement the launcher gave it."""
+    names = ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
+    return {"host": socket.gethostname()} | {n: int(os.environ[n]) for n in names}
+
+
+def attempt() -> int:
+    return int(os.environ.get("HORA_RESTART_COUNT", "0"))
+
+
+# ----- collectives --------------------------------------------------------------------------------
+def conformance() -> dict[str, Any]:
+    """The collective conformance cases (tests/torch/_cases.py) on this rank, and whether a
+    1 MiB allreduce went through shared memory for the ranks of this host."""
+    import hora.torch as hvd
+    from hora.collectives import _execute
+    from tests.torch import _cases
+
+    hvd.init()
+    before = _execute.stats.get("shm_allreduce_calls", 0)
+    hvd.allreduce(torch.ones(1 << 18), name="within.host")
+    shm = _execute.stats.get("shm_allreduce_calls", 0) - before
+    hvd.shutdown()
+    return {"where": where(), "cases": _cases.run_all(), "shm_allreduce_calls": shm}
+
+
+def allreduce_until_cut_off(folder: str) -> None:
+    """Allreduce in a loop; every rank marks once it is in the loop, so the test can cut a
+    host off mid-collective. Ends only by an error (or by being stopped)."""
+    import hora.torch as hvd
+
+    hvd.init()
+    hvd.allreduce(torch.ones(1), name="warm")
+    Path(folder, f"looping-{hvd.rank()}").write_text(socket.gethostname())
+    while True:
+        hvd.allreduce(torch.ones(1 << 16), name="looping")
+        time.sleep(0.01)
+
+
+# ----- training ------------------------------------------------------------------------------
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def _batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(ROWS_PER_RANK, 6, generator=g)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def train(
+    folder: str | None = None, fault: str | None = None, fault_step: int = 0
+) -> dict[str, Any]:
+    """STEPS steps of hora.torch's DistributedOptimizer, with a checkpoint after every step
+    when `folder` is given. In attempt 0, rank 1 meets `fault` at `fault_step`, after the
+    step's gradients were averaged and before the step's loss is (a collective the other
+    ranks then wait in, so that none saves that step): "kill_executor" kills the Spark
+    executor it runs under, "kill_host" asks the test to make its host vanish."""
+    import hora.torch as hvd
+    from hora.checkpoint import Checkpoint
+
+    hvd.init()
+    rank = hvd.rank()
+    model = _model()
+    opt = hvd.DistributedOptimizer(_optimizer(model), named_parameters=model.named_parameters())
+    ckpt = Checkpoint(os.path.join(folder, "checkpoints"), keep=2) if folder else None
+    found = ckpt.load_and_broadcast() if ckpt else None
+    start = 0
+    if found is not None:
+        model.load_state_dict(found.state["model"])
+        opt.load_state_dict(found.state["optimizer"])
+        start = found.step + 1
+    else:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    for step in range(start, STEPS):
+        x, y = _batch(step, rank)
+        opt.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        if fault and step == fault_step and rank == 1 and attempt() == 0:
+            _meet(fault, folder)
+        hvd.allreduce(loss.detach(), name="loss")
+        if ckpt:
+            ckpt.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, step)
+    hvd.shutdown()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    return {"where": where(), "start": start, "attempt": attempt(), "weights": weights}
+
+
+def _meet(fault: str, folder: str | None) -> None:
+    if fault == "kill_executor":
+        from tests.restart._cases import _kill_executor_jvm
+
+        _kill_executor_jvm()
+    elif fault == "kill_host":
+        assert folder is not None
+        Path(folder, HOST_MARK).write_text(socket.gethostname())
+    else:
+        raise ValueError(fault)
+    time.sleep(3600)  # as a lost host: this rank trains no further
+
+
+def reference(world: int) -> dict[str, torch.Tensor]:
+    """What `train` on `world` ranks must end with: one process, each step on every rank's
+    batch at once (the mean loss over all of them: the average of the ranks' gradients)."""
+    model = _model()
+    opt = _optimizer(model)
+    for step in range(STEPS):
+        batches = [_batch(step, rank) for rank in range(world)]
+        x = torch.cat([b[0] for b in batches])
+        y = torch.cat([b[1] for b in batches])
+        opt.zero_grad()
+        (model(x) - y).pow(2).mean().backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
