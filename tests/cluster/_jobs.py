@@ -34,16 +34,16 @@ def attempt() -> int:
 
 # ----- collectives --------------------------------------------------------------------------------
 def conformance() -> dict[str, Any]:
-    """The collective conformance cases (tests/torch/_cases.py) on this rank, and whether a
+    """The collective conformance cases (tests/collectives/_cases.py) on this rank, and whether a
     1 MiB allreduce went through shared memory for the ranks of this host."""
     import hora.torch as hvd
-    from hora.collectives import _execute
-    from tests.torch import _cases
+    from hora.collectives import _backends
+    from tests.collectives import _cases
 
     hvd.init()
-    before = _execute.stats.get("shm_allreduce_calls", 0)
+    before = _backends.stats.get("shm_allreduce_calls", 0)
     hvd.allreduce(torch.ones(1 << 18), name="within.host")
-    shm = _execute.stats.get("shm_allreduce_calls", 0) - before
+    shm = _backends.stats.get("shm_allreduce_calls", 0) - before
     hvd.shutdown()
     return {"where": where(), "cases": _cases.run_all(), "shm_allreduce_calls": shm}
 

@@ -1,6 +1,6 @@
 """hora on Spark standalone over 2 namespaced hosts x 2 slots: 4 ranks, 2 per host.
 
-One conformance job runs every collective case of tests/torch/_cases.py on the 4 ranks (each
+One conformance job runs every collective case of tests/collectives/_cases.py on the 4 ranks (each
 test below asserts one case on every rank); one training job compares hora.torch's
 DistributedOptimizer with one process. Each test names the hosts its ranks ran on.
 """
@@ -15,12 +15,12 @@ import hora
 from tests.cluster import _jobs
 from tests.cluster._checks import assert_spread, assert_trained_like_one_process, placement_table
 from tests.cluster.conftest import CORES, HOSTS, note, timed
-from tests.torch import _cases
+from tests.collectives import _cases
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
 NP = HOSTS * CORES
-# Cases that assume one host, which tests/torch runs; on 2 hosts they check the wrong thing.
+# Cases that assume one host, which tests/collectives runs; on 2 hosts they check the wrong thing.
 ONE_HOST_CASES = {
     "basics": "asserts local_rank == rank and cross_size == 1 (one host)",
     "allreduce_path": "asserts that every allreduce goes through shared memory (one host)",
@@ -47,12 +47,6 @@ def test_ranks_are_spread_two_per_host(conformance):
     assert_spread([r["where"] for r in conformance], HOSTS, CORES)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23 item 3: Spark places the barrier tasks round-robin over executors, so "
-    "ranks are interleaved over hosts (0->host1, 1->host2, 2->host1, ...); Horovod and torchrun "
-    "number one host's ranks contiguously",
-)
 def test_ranks_of_one_host_are_contiguous(conformance):
     places = [r["where"] for r in conformance]
     table = placement_table(places)
