@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from hora._output_files import OutputFiles
 from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
-from hora.timeline._driver import DriverTimeline
+from hora.timeline import DriverTimeline
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
     EngineFailed,
