@@ -22,10 +22,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 ray = pytest.importorskip("ray", reason="ray is not installed")
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "ray: runs a real local Ray (needs ray)")
-
-
 def start_ray(num_cpus: int = 4, **options):
     """A fresh local Ray head; hora's own traffic stays on loopback (one machine)."""
     return ray.init(
