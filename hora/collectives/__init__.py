@@ -22,9 +22,13 @@ Layers, bottom up (no module imports one above it; the timeline's `hooks` sit be
                        thread and its drive lock
   _state, _process_sets, _requests, _sparse
                        what init() set up, process sets, building a request
+  framework            each collective's request with every argument explicit (`submit_*`), and
+                       what else a framework API builds on (op resolution, names, errors)
   ops                  Horovod's async, in-place and grouped collectives, synchronize
   _basics              init/shutdown, ranks and sizes, dynamic process sets (uses ops.barrier)
-Framework layers (hora.torch, hora.tensorflow) sit on top and add gradients and their tensor types.
+  objects              Python objects across ranks (broadcast_object, allgather_object)
+Framework layers (hora.torch, hora.tensorflow) sit on top and add gradients and their tensor types;
+their public face here is this package's `__all__` (Horovod's calls), `framework` and `objects`.
 """
 
 from hora.collectives._basics import *  # noqa: F403 - listed in _basics.__all__

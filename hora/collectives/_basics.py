@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hora import environment
+from hora import environment, timeline
 from hora.collectives import _channel, _shm, _state
 from hora.collectives._backends import GroupInfo
 from hora.collectives._common import NOT_INITIALIZED
@@ -34,7 +34,6 @@ from hora.collectives._process_sets import (
 from hora.collectives._stall import StallSettings
 from hora.collectives.ops import barrier
 from hora.environment import placements
-from hora.timeline import _control as _timeline
 from hora.wire import link
 
 _atexit_registered = False
@@ -146,7 +145,7 @@ def init(
     if not _atexit_registered:
         atexit.register(_at_exit)
         _atexit_registered = True
-    _timeline.on_init(rank, size, world.gloo)  # HOROVOD_TIMELINE: start recording
+    timeline.on_init(rank, size, world.gloo)  # HOROVOD_TIMELINE: start recording
 
 
 def make_world(rank: int, size: int, wait: timedelta) -> GroupInfo:
@@ -286,7 +285,7 @@ def shutdown() -> None:
     if state is None:
         return
     _state.current = None
-    _timeline.on_shutdown()  # write the timeline's last events
+    timeline.on_shutdown()  # write the timeline's last events
     state.engine.stop(timeout().total_seconds())
     for ps in state.process_sets.values():
         if ps is not global_process_set:

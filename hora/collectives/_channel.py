@@ -24,6 +24,17 @@ import struct
 import time
 from typing import Any
 
+from hora.collectives._messages import (
+    Bucket,
+    CacheDrop,
+    Entry,
+    Failure,
+    Join,
+    JoinDone,
+    Request,
+    Shutdown,
+    Stop,
+)
 from hora.wire import channel as wire
 
 log = logging.getLogger("hora.torch")
@@ -33,18 +44,8 @@ HANDSHAKE_TIMEOUT_S = 10.0
 
 # The only globals a negotiation frame may name: the engine's message classes. Everything else in
 # a frame is built from pickle's own opcodes (str, int, float, tuple, list, dict, None, bool).
-_ALLOWED_CLASSES = frozenset(
-    {
-        ("hora.collectives._messages", "Request"),
-        ("hora.collectives._messages", "Entry"),
-        ("hora.collectives._messages", "Bucket"),
-        ("hora.collectives._messages", "Failure"),
-        ("hora.collectives._messages", "JoinDone"),
-        ("hora.collectives._messages", "CacheDrop"),
-        ("hora.collectives._messages", "Shutdown"),
-        ("hora.collectives._messages", "Join"),
-        ("hora.collectives._messages", "Stop"),
-    }
+_ALLOWED_CLASSES = wire.allowed_classes(
+    Request, Entry, Bucket, Failure, JoinDone, CacheDrop, Shutdown, Join, Stop
 )
 ForbiddenFrame = wire.ForbiddenFrame
 pack = wire.pack

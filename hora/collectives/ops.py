@@ -2,19 +2,18 @@
 
 Every call builds a request (name, shapes, dtypes, op) and hands it to the background engine,
 which negotiates it by name with the other ranks; the sync forms are `synchronize(*_async(...))`.
-The differentiable forms are the frameworks' (hora.torch._autograd, hora.tensorflow).
+The requests themselves, every argument explicit, are `framework`'s `submit_*`; the
+differentiable forms are the frameworks' (hora.torch._autograd, hora.tensorflow).
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
 
 from hora.collectives import _sparse, _state
 from hora.collectives._common import (
-    OP_NAMES,
     Adasum,
     Average,
     HorovodInternalError,
@@ -23,74 +22,26 @@ from hora.collectives._common import (
     Product,
     Sum,
 )
-from hora.collectives._messages import (
-    ALLGATHER,
-    ALLREDUCE,
-    ALLTOALL,
-    BARRIER,
-    BROADCAST,
-    REDUCESCATTER,
-)
+from hora.collectives._messages import BARRIER
 from hora.collectives._process_sets import ProcessSet, global_process_set
 from hora.collectives._queue import LocalOp, Op
-from hora.collectives._requests import Tensors, alltoall_splits, first, submit
-from hora.collectives._requests import group_of as _group  # hora.tensorflow calls ops._group
+from hora.collectives._requests import Tensors, first, submit
 from hora.collectives._sparse import SparseHandle
+from hora.collectives.framework import (
+    resolve_op,
+    submit_allgather,
+    submit_allreduce,
+    submit_alltoall,
+    submit_broadcast,
+    submit_reducescatter,
+)
 
 
 def _none(outputs: list[Any]) -> None:
     return None
 
 
-def _resolve_op(average: bool | None, op: int | None, stacklevel: int = 3) -> int:
-    """`stacklevel`: where the `average` deprecation points, the user's call by default."""
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average; please provide only one of them.")
-    if average is not None:
-        warnings.warn(
-            "Parameter `average` has been replaced with `op` and will be removed",
-            DeprecationWarning,
-            stacklevel=stacklevel,
-        )
-        op = Average if average else Sum
-    if op is None:
-        op = Average
-    if op == Adasum:
-        raise NotImplementedError(
-            "Adasum is not implemented in hora.torch; use op=hvd.Average or op=hvd.Sum"
-        )
-    if op not in OP_NAMES:
-        raise ValueError(f"Unknown reduction op {op!r}")
-    return op
-
-
 # ----- allreduce -------------------------------------------------------------------------------
-def _allreduce_async(
-    tensors: Tensors,
-    name: str | None,
-    op: int,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-    inplace: bool,
-    grouped: bool,
-    flush: bool = False,
-) -> int:
-    return submit(
-        ALLREDUCE,
-        tensors,
-        name,
-        process_set,
-        inplace=inplace,
-        finish=list if grouped else first,
-        grouped=grouped,
-        op=op,
-        prescale=float(prescale_factor),
-        postscale=float(postscale_factor),
-        flush=flush,
-    )
-
-
 def allreduce_async(
     tensor: torch.Tensor,
     average: bool | None = None,
@@ -101,8 +52,8 @@ def allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an out-of-place allreduce; `synchronize(handle)` returns the reduced tensor."""
-    op = _resolve_op(average, op)
-    return _allreduce_async(
+    op = resolve_op(average, op)
+    return submit_allreduce(
         [tensor], name, op, prescale_factor, postscale_factor, process_set, False, False
     )
 
@@ -117,8 +68,8 @@ def allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an in-place allreduce: `tensor` holds the result once the handle completes."""
-    op = _resolve_op(average, op)
-    return _allreduce_async(
+    op = resolve_op(average, op)
+    return submit_allreduce(
         [tensor], name, op, prescale_factor, postscale_factor, process_set, True, False
     )
 
@@ -133,7 +84,7 @@ def allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Reduce `tensor` in place and return it (the same object)."""
-    op = _resolve_op(average, op)  # here, so a deprecation warning names the caller's line
+    op = resolve_op(average, op)  # here, so a deprecation warning names the caller's line
     return synchronize(
         allreduce_async_(tensor, None, name, op, prescale_factor, postscale_factor, process_set)
     )
@@ -149,8 +100,8 @@ def grouped_allreduce_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start one fused allreduce of a list; the handle yields a list of tensors."""
-    op = _resolve_op(average, op)
-    return _allreduce_async(
+    op = resolve_op(average, op)
+    return submit_allreduce(
         list(tensors), name, op, prescale_factor, postscale_factor, process_set, False, True
     )
 
@@ -165,8 +116,8 @@ def grouped_allreduce_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """In-place form of `grouped_allreduce_async`."""
-    op = _resolve_op(average, op)
-    return _allreduce_async(
+    op = resolve_op(average, op)
+    return submit_allreduce(
         list(tensors), name, op, prescale_factor, postscale_factor, process_set, True, True
     )
 
@@ -181,7 +132,7 @@ def grouped_allreduce_(
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """Reduce a list in place; returns the same tensor objects."""
-    op = _resolve_op(average, op)  # here, so a deprecation warning names the caller's line
+    op = resolve_op(average, op)  # here, so a deprecation warning names the caller's line
     return synchronize(
         grouped_allreduce_async_(
             tensors, None, name, op, prescale_factor, postscale_factor, process_set
@@ -190,34 +141,17 @@ def grouped_allreduce_(
 
 
 # ----- allgather -------------------------------------------------------------------------------
-def _allgather_async(
-    tensors: Tensors, name: str | None, process_set: ProcessSet, grouped: bool
-) -> int:
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.dim() == 0:
-            raise ValueError("allgather needs tensors of at least one dimension")
-    return submit(
-        ALLGATHER,
-        tensors,
-        name,
-        process_set,
-        inplace=False,
-        finish=list if grouped else first,
-        grouped=grouped,
-    )
-
-
 def allgather_async(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
     """Start an allgather (concatenation on dim 0; dim 0 may differ between ranks)."""
-    return _allgather_async([tensor], name, process_set, False)
+    return submit_allgather([tensor], name, process_set, False)
 
 
 def grouped_allgather_async(
     tensors: Tensors, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
-    return _allgather_async(list(tensors), name, process_set, True)
+    return submit_allgather(list(tensors), name, process_set, True)
 
 
 # ----- sparse allreduce ------------------------------------------------------------------------
@@ -233,20 +167,6 @@ def sparse_allreduce_async(
 
 
 # ----- broadcast -------------------------------------------------------------------------------
-def _broadcast_async(
-    tensor: torch.Tensor,
-    root_rank: int,
-    name: str | None,
-    process_set: ProcessSet,
-    inplace: bool,
-) -> int:
-    root = int(root_rank)
-    state = _state.get()
-    if not 0 <= root < state.size:
-        raise ValueError(f"root_rank {root} is not a rank of a world of {state.size}")
-    return submit(BROADCAST, [tensor], name, process_set, inplace=inplace, finish=first, root=root)
-
-
 def broadcast_async(
     tensor: torch.Tensor,
     root_rank: int,
@@ -254,7 +174,7 @@ def broadcast_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an out-of-place broadcast from global rank `root_rank`; the source stays untouched."""
-    return _broadcast_async(tensor, root_rank, name, process_set, False)
+    return submit_broadcast(tensor, root_rank, name, process_set, False)
 
 
 def broadcast_async_(
@@ -264,7 +184,7 @@ def broadcast_async_(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an in-place broadcast: `tensor` receives the root's values."""
-    return _broadcast_async(tensor, root_rank, name, process_set, True)
+    return submit_broadcast(tensor, root_rank, name, process_set, True)
 
 
 def broadcast_(
@@ -278,31 +198,6 @@ def broadcast_(
 
 
 # ----- alltoall --------------------------------------------------------------------------------
-def _alltoall_async(
-    tensor: torch.Tensor,
-    splits: torch.Tensor | None,
-    name: str | None,
-    process_set: ProcessSet,
-    with_received: bool,
-) -> int:
-    """Start an alltoall; its handle yields `(output, received_splits)` when `with_received`."""
-    _, info = _group(process_set)
-    values = alltoall_splits(tensor, splits, info.size)
-    return submit(
-        ALLTOALL,
-        [tensor],
-        name,
-        process_set,
-        inplace=False,
-        finish=first if with_received else _first_of_first,
-        splits=(values,),
-    )
-
-
-def _first_of_first(outputs: list[Any]) -> Any:
-    return outputs[0][0]
-
-
 def alltoall_async(
     tensor: torch.Tensor,
     splits: torch.Tensor | None = None,
@@ -310,40 +205,10 @@ def alltoall_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start an alltoall: rows `splits[i]` go to rank i of the set (even split when None)."""
-    return _alltoall_async(tensor, splits, name, process_set, splits is not None)
+    return submit_alltoall(tensor, splits, name, process_set, splits is not None)
 
 
 # ----- reducescatter ---------------------------------------------------------------------------
-def _reducescatter_async(
-    tensors: Tensors,
-    name: str | None,
-    op: int,
-    prescale_factor: float,
-    postscale_factor: float,
-    process_set: ProcessSet,
-    grouped: bool,
-) -> int:
-    if op == Adasum:
-        raise NotImplementedError("Adasum is not implemented in hora.torch")
-    if op not in (Average, Sum):
-        raise ValueError("reducescatter supports only op=Average and op=Sum")
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.dim() == 0:
-            raise ValueError("reducescatter needs tensors of at least one dimension")
-    return submit(
-        REDUCESCATTER,
-        tensors,
-        name,
-        process_set,
-        inplace=False,
-        finish=list if grouped else first,
-        grouped=grouped,
-        op=op,
-        prescale=float(prescale_factor),
-        postscale=float(postscale_factor),
-    )
-
-
 def reducescatter_async(
     tensor: torch.Tensor,
     name: str | None = None,
@@ -353,7 +218,7 @@ def reducescatter_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Start a reducescatter: reduce, then rank i keeps the i-th block of rows."""
-    return _reducescatter_async(
+    return submit_reducescatter(
         [tensor], name, op, prescale_factor, postscale_factor, process_set, False
     )
 
@@ -366,7 +231,7 @@ def grouped_reducescatter_async(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    return _reducescatter_async(
+    return submit_reducescatter(
         list(tensors), name, op, prescale_factor, postscale_factor, process_set, True
     )
 

@@ -23,7 +23,7 @@ from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
 from hora.job.metrics import MetricsLog
 from hora.job.monitor import Group, Limits, Monitor
 from hora.job.policy import FailurePolicy
-from hora.timeline._driver import DriverTimeline
+from hora.timeline import DriverTimeline
 
 
 class StartableGroup(Group, Protocol):

@@ -20,7 +20,7 @@ from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.job.metrics import MetricsLog
 from hora.job.stacks import StackRequest, take_request
-from hora.timeline._driver import DriverTimeline
+from hora.timeline import DriverTimeline
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
     EngineFailed,

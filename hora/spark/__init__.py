@@ -4,7 +4,7 @@
 TorchDistributor`; `DeepspeedTorchDistributor` replaces pyspark's DeepSpeed door;
 `MirroredStrategyRunner` replaces spark-tensorflow-distributor's (TensorFlow is imported only
 inside the ranks); `TorchEstimator`/`TorchModel` replace Horovod's Spark estimator. Same arguments
-and meanings, on hora's engines. The engine itself is `_engine.py` and its helpers.
+and meanings, on hora's engines. The Spark engine itself is `hora.engines.spark`.
 """
 
 from typing import Any

@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from hora.collectives._common import NOT_INITIALIZED, CollectiveRefusedError, HorovodInternalError
+from hora.collectives import NOT_INITIALIZED, HorovodInternalError
+from hora.collectives.framework import CollectiveRefusedError
 
 __all__ = [
     "OK_PATH",

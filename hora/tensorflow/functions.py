@@ -10,11 +10,11 @@ from typing import Any
 import tensorflow as tf
 import torch
 
-from hora.collectives import ops as _ops
-from hora.collectives._process_sets import ProcessSet, global_process_set
+from hora.collectives import ProcessSet, global_process_set, synchronize
+from hora.collectives.framework import submit_broadcast
+from hora.collectives.objects import allgather_object as _allgather_object
+from hora.collectives.objects import broadcast_object as _broadcast_object
 from hora.tensorflow import _bridge
-from hora.torch.functions import allgather_object as _allgather_object
-from hora.torch.functions import broadcast_object as _broadcast_object
 
 __all__ = ["allgather_object", "broadcast_", "broadcast_object", "broadcast_variables"]
 
@@ -72,13 +72,13 @@ def _broadcast_group(
 
     def call(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         handles = [
-            _ops._broadcast_async(t, root_rank, n, process_set, False)
+            submit_broadcast(t, root_rank, n, process_set, False)
             for t, n in zip(tensors, names, strict=True)
         ]
         results, error = [], None
         for handle in handles:
             try:
-                results.append(_ops.synchronize(handle))
+                results.append(synchronize(handle))
             except Exception as exc:
                 error = error or exc
         if error is not None:

@@ -8,8 +8,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hora.collectives._common import Adasum, Average, Sum
-from hora.collectives._process_sets import ProcessSet, global_process_set
+from hora.collectives import Adasum, Average, ProcessSet, Sum, global_process_set
 from hora.tensorflow import mpi_ops
 from hora.tensorflow.compression import Compression, Compressor
 

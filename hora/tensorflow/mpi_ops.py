@@ -17,18 +17,32 @@ from typing import Any
 import tensorflow as tf
 import torch
 
-from hora.collectives import _state
-from hora.collectives import ops as _ops
-from hora.collectives._basics import rank
-from hora.collectives._common import Adasum, Average, Sum
-from hora.collectives._messages import (
+from hora.collectives import (
+    Adasum,
+    Average,
+    ProcessSet,
+    Sum,
+    global_process_set,
+    local_rank,
+    local_size,
+    rank,
+    synchronize,
+)
+from hora.collectives import join as _join
+from hora.collectives.framework import (
     ALLGATHER,
     ALLREDUCE,
     ALLTOALL,
     BROADCAST,
     REDUCESCATTER,
+    process_set_by_id,
+    resolve_op,
+    submit_allgather,
+    submit_allreduce,
+    submit_alltoall,
+    submit_broadcast,
+    submit_reducescatter,
 )
-from hora.collectives._process_sets import ProcessSet, global_process_set
 from hora.tensorflow import _bridge
 from hora.tensorflow.compression import Compression, Compressor
 
@@ -84,8 +98,8 @@ def _allreduce_raw(
     name = _traced(name, ALLREDUCE)
 
     def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        handle = _ops._allreduce_async(ts, name, op, prescale, postscale, process_set, False, True)
-        return _ops.synchronize(handle)
+        handle = submit_allreduce(ts, name, op, prescale, postscale, process_set, False, True)
+        return synchronize(handle)
 
     return _bridge.run(
         call, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HorovodAllreduce"
@@ -120,7 +134,7 @@ _NO_ADASUM = "Adasum is not implemented in hora.tensorflow; use op=hvd.Average o
 def _resolve_op(average: bool | None, op: int | None) -> int:
     if op == Adasum:
         raise NotImplementedError(_NO_ADASUM)
-    return _ops._resolve_op(average, op, stacklevel=4)  # the user's call of allreduce
+    return resolve_op(average, op, stacklevel=4)  # the user's call of allreduce
 
 
 def _sparse_allreduce(
@@ -237,7 +251,7 @@ def _allgather_raw(
     name = _traced(name, ALLGATHER)
 
     def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        return _ops.synchronize(_ops._allgather_async(ts, name, process_set, True))
+        return synchronize(submit_allgather(ts, name, process_set, True))
 
     return _bridge.run(
         call,
@@ -306,7 +320,7 @@ def _broadcast_raw(
     name = _traced(name, BROADCAST)
 
     def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [_ops.synchronize(_ops._broadcast_async(ts[0], root_rank, name, process_set, False))]
+        return [synchronize(submit_broadcast(ts[0], root_rank, name, process_set, False))]
 
     return _bridge.run(call, [tensor], [tensor.dtype], [tensor.shape], "HorovodBroadcast")[0]
 
@@ -381,9 +395,7 @@ def _alltoall_raw(
 
     def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
         given = ts[1] if len(ts) > 1 else None
-        out, received = _ops.synchronize(
-            _ops._alltoall_async(ts[0], given, name, process_set, True)
-        )
+        out, received = synchronize(submit_alltoall(ts[0], given, name, process_set, True))
         return [out, torch.as_tensor(received, dtype=torch.int32)]
 
     inputs = [tensor] if splits is None else [tensor, splits]
@@ -416,8 +428,8 @@ def _reducescatter_diff(
     name = _traced(name, REDUCESCATTER)
 
     def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        return _ops.synchronize(
-            _ops._reducescatter_async(ts, name, op, prescale, postscale, process_set, True)
+        return synchronize(
+            submit_reducescatter(ts, name, op, prescale, postscale, process_set, True)
         )
 
     @tf.custom_gradient
@@ -502,7 +514,7 @@ def _read_op(read: Callable[[], int], name: str | None, op_name: str) -> tf.Tens
 
 
 def _process_set_ranks(process_set_id: int) -> list[int]:
-    process_set = _state.get().process_sets.get(int(process_set_id))
+    process_set = process_set_by_id(process_set_id)
     if process_set is None:
         raise ValueError(f"process set {process_set_id} is not registered")
     return process_set.ranks
@@ -515,24 +527,24 @@ def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
 
 def local_size_op(name: str | None = None) -> tf.Tensor:
     """The number of ranks on this host, read when the op runs."""
-    return _read_op(lambda: _state.get().local_size, name, "HorovodLocalSize")
+    return _read_op(local_size, name, "HorovodLocalSize")
 
 
 def rank_op(name: str | None = None) -> tf.Tensor:
     """This process's rank, read when the op runs."""
-    return _read_op(lambda: _state.get().rank, name, "HorovodRank")
+    return _read_op(rank, name, "HorovodRank")
 
 
 def local_rank_op(name: str | None = None) -> tf.Tensor:
     """This process's rank on its host, read when the op runs."""
-    return _read_op(lambda: _state.get().local_rank, name, "HorovodLocalRank")
+    return _read_op(local_rank, name, "HorovodLocalRank")
 
 
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """1 if this rank belongs to the process set `process_set_id`, else 0, read when it runs."""
 
     def included() -> int:
-        return int(_state.get().rank in _process_set_ranks(process_set_id))
+        return int(rank() in _process_set_ranks(process_set_id))
 
     return _read_op(included, name, "HorovodProcessSetIncluded")
 
@@ -540,4 +552,4 @@ def process_set_included_op(process_set_id: int = 0, name: str | None = None) ->
 def join(name: str | None = None) -> tf.Tensor:
     """Horovod's TF join, an op: wait until every rank has joined (meanwhile this rank adds zeros
     to the others' allreduces) and return the rank that joined last, an int32 scalar."""
-    return _read_op(_ops.join, name, "HorovodJoin")
+    return _read_op(_join, name, "HorovodJoin")

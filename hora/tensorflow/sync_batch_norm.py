@@ -7,8 +7,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hora.collectives._basics import size
-from hora.collectives._common import Sum
+from hora.collectives import Sum, size
 from hora.tensorflow.mpi_ops import allreduce
 
 __all__ = ["SyncBatchNormalization"]

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from hora.timeline import hooks
+from hora.timeline._events import RankTrack
+from hora.timeline._file import TraceFile
+from hora.timeline._recorder import BufferRecorder, Flusher, pack
 from hora.wire import link
 from hora.wire.protocol import TimelineBatch
 
@@ -172,8 +175,6 @@ def _agree_job(size: int, group: Any) -> str:
 
 def _start(path: str, mark_cycles: bool) -> None:
     global _active
-    from hora.timeline._recorder import BufferRecorder, Flusher, pack
-
     recorder = BufferRecorder(mark_cycles)
     driver = link.current()
     if driver is not None:
@@ -188,9 +189,6 @@ def _start(path: str, mark_cycles: bool) -> None:
         # The job's result closes the channel: ship the rest before it goes.
         driver.before_detach.append(stop_timeline)
     else:
-        from hora.timeline._events import RankTrack
-        from hora.timeline._file import TraceFile
-
         trace = TraceFile(path, _job or uuid.uuid4().hex, shared=True)
         track = RankTrack(_rank)
 

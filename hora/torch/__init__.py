@@ -4,7 +4,7 @@ Scripts written for `import horovod.torch as hvd` run unchanged: gloo moves CPU 
 CUDA tensors, and a background engine gives Horovod's name-matched, validated, fused collectives.
 """
 
-from hora.collectives._common import HostsUpdatedInterrupt as HostsUpdatedInterrupt
+from hora.collectives.framework import HostsUpdatedInterrupt as HostsUpdatedInterrupt
 from hora.timeline import start_timeline as start_timeline
 from hora.timeline import stop_timeline as stop_timeline
 from hora.timeline import timeline_context as timeline_context

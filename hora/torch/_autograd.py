@@ -13,11 +13,16 @@ from typing import Any
 import torch
 from torch.autograd import Function
 
-from hora.collectives import ops
-from hora.collectives._basics import rank
-from hora.collectives._common import Average, Sum
-from hora.collectives._process_sets import ProcessSet, global_process_set
-from hora.collectives.ops import Tensors, _resolve_op
+from hora.collectives import Average, ProcessSet, Sum, global_process_set, rank, synchronize
+from hora.collectives.framework import (
+    Tensors,
+    resolve_op,
+    submit_allgather,
+    submit_allreduce,
+    submit_alltoall,
+    submit_broadcast,
+    submit_reducescatter,
+)
 from hora.torch.compression import Compression, Compressor
 
 
@@ -25,8 +30,8 @@ class HorovodAllreduce(Function):
     @staticmethod
     def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
         ctx.args = (op, prescale, postscale, process_set)
-        return ops.synchronize(
-            ops._allreduce_async([tensor], name, op, prescale, postscale, process_set, False, False)
+        return synchronize(
+            submit_allreduce([tensor], name, op, prescale, postscale, process_set, False, False)
         )
 
     @staticmethod
@@ -47,8 +52,8 @@ class HorovodGroupedAllreduce(Function):
     def forward(ctx: Any, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
         ctx.args = (op, prescale, postscale, process_set)
         return tuple(
-            ops.synchronize(
-                ops._allreduce_async(
+            synchronize(
+                submit_allreduce(
                     list(tensors), name, op, prescale, postscale, process_set, False, True
                 )
             )
@@ -67,7 +72,7 @@ class HorovodGroupedAllreduce(Function):
         return (None, None, None, None, None, *reduced)
 
 
-def _my_rows(dim: int, process_set: ops.ProcessSet) -> int:
+def _my_rows(dim: int, process_set: ProcessSet) -> int:
     """Offset of this rank's rows in an allgather output."""
     dims = allgather(torch.tensor([dim], dtype=torch.int64), process_set=process_set)
     index = process_set.ranks.index(rank())
@@ -77,10 +82,10 @@ def _my_rows(dim: int, process_set: ops.ProcessSet) -> int:
 class HorovodAllgather(Function):
     @staticmethod
     def forward(ctx: Any, tensor, name, process_set):  # type: ignore[override]
-        handle = ops._allgather_async([tensor], name, process_set, False)
+        handle = submit_allgather([tensor], name, process_set, False)
         ctx.dim = tensor.shape[0]
         ctx.process_set = process_set
-        return ops.synchronize(handle)
+        return synchronize(handle)
 
     @staticmethod
     def backward(ctx: Any, grad):  # type: ignore[override]
@@ -92,10 +97,10 @@ class HorovodAllgather(Function):
 class HorovodGroupedAllgather(Function):
     @staticmethod
     def forward(ctx: Any, name, process_set, *tensors):  # type: ignore[override]
-        handle = ops._allgather_async(list(tensors), name, process_set, True)
+        handle = submit_allgather(list(tensors), name, process_set, True)
         ctx.dims = [t.shape[0] for t in tensors]
         ctx.process_set = process_set
-        return tuple(ops.synchronize(handle))
+        return tuple(synchronize(handle))
 
     @staticmethod
     def backward(ctx: Any, *grads):  # type: ignore[override]
@@ -113,7 +118,7 @@ class HorovodBroadcast(Function):
     def forward(ctx: Any, tensor, root_rank, name, process_set):  # type: ignore[override]
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        return ops.synchronize(ops._broadcast_async(tensor, root_rank, name, process_set, False))
+        return synchronize(submit_broadcast(tensor, root_rank, name, process_set, False))
 
     @staticmethod
     def backward(ctx: Any, grad):  # type: ignore[override]
@@ -130,8 +135,8 @@ class HorovodAlltoall(Function):
         ctx.shape = tensor.shape
         # The rows each rank sent here, also for an even split (ranks' dim 0 may differ): the
         # gradient goes back by exactly these splits.
-        handle = ops._alltoall_async(tensor, splits, name, process_set, True)
-        output, received = ops.synchronize(handle)
+        handle = submit_alltoall(tensor, splits, name, process_set, True)
+        output, received = synchronize(handle)
         ctx.received = received
         ctx.mark_non_differentiable(received)
         return output, received
@@ -150,8 +155,8 @@ class HorovodReducescatter(Function):
     def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
         ctx.op = op
         ctx.process_set = process_set
-        return ops.synchronize(
-            ops._reducescatter_async([tensor], name, op, prescale, postscale, process_set, False)
+        return synchronize(
+            submit_reducescatter([tensor], name, op, prescale, postscale, process_set, False)
         )
 
     @staticmethod
@@ -168,8 +173,8 @@ class HorovodGroupedReducescatter(Function):
         ctx.op = op
         ctx.process_set = process_set
         return tuple(
-            ops.synchronize(
-                ops._reducescatter_async(
+            synchronize(
+                submit_reducescatter(
                     list(tensors), name, op, prescale, postscale, process_set, True
                 )
             )
@@ -195,7 +200,7 @@ def allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> torch.Tensor:
     """Reduce `tensor` over the ranks (Average by default); differentiable."""
-    op = _resolve_op(average, op)
+    op = resolve_op(average, op)
     compressed, ctx = compression.compress(tensor)
     reduced = HorovodAllreduce.apply(
         compressed, name, op, prescale_factor, postscale_factor, process_set
@@ -214,7 +219,7 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> list[torch.Tensor]:
     """Reduce a list of tensors in one fused operation; differentiable."""
-    op = _resolve_op(average, op)
+    op = resolve_op(average, op)
     pairs = [compression.compress(t) for t in tensors]
     reduced = HorovodGroupedAllreduce.apply(
         name, op, prescale_factor, postscale_factor, process_set, *[p[0] for p in pairs]

@@ -6,17 +6,15 @@ They are what a Horovod script calls once after `hvd.init()` so that every rank 
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import cloudpickle
 import torch
 
+from hora.collectives.objects import allgather_object as allgather_object
+from hora.collectives.objects import broadcast_object as broadcast_object
 from hora.torch.mpi_ops import (
     ProcessSet,
-    allgather,
-    broadcast_,
     broadcast_async_,
     global_process_set,
     rank,
@@ -150,56 +148,3 @@ def _state_layout(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) 
 
 def _device_like(device_type: str, param: torch.Tensor) -> torch.device:
     return torch.device("cpu") if device_type == "cpu" else param.device
-
-
-def broadcast_object(
-    obj: Any,
-    root_rank: int = 0,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> Any:
-    """Return `root_rank`'s `obj` on every rank (cloudpickled, sent as bytes).
-
-    The default name does not depend on `obj`'s type, unlike Horovod's: non-root ranks often
-    pass None, and name-matched operations with different names would never meet.
-    """
-    name = name or "broadcast_object"
-    if rank() == root_rank:
-        payload = _to_bytes(obj)
-        size = torch.tensor([payload.numel()], dtype=torch.int64)
-        broadcast_(size, root_rank, f"{name}.sz", process_set=process_set)
-    else:
-        size = torch.zeros(1, dtype=torch.int64)
-        broadcast_(size, root_rank, f"{name}.sz", process_set=process_set)
-        payload = torch.zeros(int(size.item()), dtype=torch.uint8)
-    broadcast_(payload, root_rank, f"{name}.t", process_set=process_set)
-    if rank() == root_rank:
-        return obj
-    return _from_bytes(payload)
-
-
-def allgather_object(
-    obj: Any, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> list[Any]:
-    """Return every rank's `obj` in the process set's rank order (cloudpickled, sent as bytes)."""
-    name = name or "allgather_object"
-    payload = _to_bytes(obj)
-    sizes = allgather(
-        torch.tensor([payload.numel()], dtype=torch.int64),
-        name=f"{name}.sz",
-        process_set=process_set,
-    ).tolist()
-    gathered = allgather(payload, name=f"{name}.t", process_set=process_set)
-    out, start = [], 0
-    for size in sizes:
-        out.append(_from_bytes(gathered[start : start + size]))
-        start += size
-    return out
-
-
-def _to_bytes(obj: Any) -> torch.Tensor:
-    return torch.frombuffer(bytearray(cloudpickle.dumps(obj)), dtype=torch.uint8)
-
-
-def _from_bytes(tensor: torch.Tensor) -> Any:
-    return cloudpickle.load(io.BytesIO(tensor.numpy().tobytes()))

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from hora.collectives.framework import resolve_op, submit_allreduce
 from hora.torch.compression import Compression, Compressor
+from hora.torch.functions import broadcast_object
 from hora.torch.mpi_ops import (
     Adasum,
     Average,
     ProcessSet,
-    _allreduce_async,
-    _resolve_op,
     global_process_set,
     sparse_allreduce_async,
     synchronize,
@@ -167,8 +167,6 @@ class _DistributedOptimizer:
         if self._groups is None:
             buckets = _size_buckets(list(reversed(params)))
         else:
-            from hora.torch.functions import broadcast_object
-
             # Rank 0's order decides group membership, so every rank forms the same groups.
             order = broadcast_object(
                 [self._names[p] for p in params],
@@ -277,10 +275,10 @@ class _DistributedOptimizer:
         # gathering cycle: it is one fused operation already, and waiting would only delay its
         # overlap with backward (and wake the engine thread twice); the step's last bucket (or
         # one sent by synchronize()) is waited for next.
-        handle = _allreduce_async(  # grouped, in place
+        handle = submit_allreduce(  # grouped, in place
             sent,
             f"DistributedOptimizer.{self._names[members[0][0][0]]}",
-            _resolve_op(None, self.op),
+            resolve_op(None, self.op),
             pre,
             post,
             self.process_set,

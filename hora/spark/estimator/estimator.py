@@ -13,12 +13,17 @@ from typing import Any
 from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
-from hora.spark.estimator import feed
+from hora.checkpoint import Checkpoint
+from hora.config import RunConfig
+from hora.engines.spark.session import active_spark_context
+from hora.job import launch
+from hora.spark.estimator import feed, tracking
 from hora.spark.estimator.columns import ColumnSpec, describe
 from hora.spark.estimator.model import OUTPUT_TYPES, TorchModel
 from hora.spark.estimator.params import ESTIMATOR_OBJECTS, EstimatorParams
 from hora.spark.estimator.persistence import HoraReader, HoraWriter
 from hora.spark.estimator.store import Store
+from hora.spark.estimator.train import TrainJob, metric_values, step_loss, train_on_rank
 
 
 class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
@@ -52,13 +57,6 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         return HoraReader(cls)
 
     def _fit(self, dataset: Any) -> TorchModel:
-        from hora.checkpoint import Checkpoint
-        from hora.config import RunConfig
-        from hora.engines.spark.session import active_spark_context
-        from hora.job import launch
-        from hora.spark.estimator import tracking
-        from hora.spark.estimator.train import TrainJob, train_on_rank
-
         settings = self._checked_settings()
         store: Store = settings["store"]
         features = describe(dataset, self.getFeatureCols(), "feature")
@@ -262,8 +260,6 @@ def _try_on_a_sample(
     """One forward pass and loss on the first rows, on the driver: a label that cannot match
     the model's output fails here, with the shapes, before any data is written or rank started."""
     import torch
-
-    from hora.spark.estimator.train import metric_values, step_loss
 
     tensors = [torch.from_numpy(a.copy()) for a in head]
     shapes = ", ".join(f"{s.name} {tuple(t.shape)}" for s, t in zip(specs, tensors, strict=True))

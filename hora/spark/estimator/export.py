@@ -14,6 +14,7 @@ from typing import Any
 import cloudpickle
 
 from hora.spark.estimator.store import Store
+from hora.wire.link import log_to_driver
 
 
 def export_model(model: Any, example: list[Any] | None, store: Store, run_id: str) -> list[str]:
@@ -34,8 +35,6 @@ def export_model(model: Any, example: list[Any] | None, store: Store, run_id: st
             buffer = io.BytesIO()
             torch.export.save(program, buffer)
         except Exception as e:  # not every model exports; the other two files are enough
-            from hora.wire.link import log_to_driver
-
             log_to_driver(f"hora: no model.pt2 for this model (torch.export: {type(e).__name__})")
         else:
             store.write_bytes(store.run(run_id, "model", "model.pt2"), buffer.getvalue())

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from hora.spark.estimator.columns import ColumnSpec, to_numpy
+from hora.spark.estimator.train import as_outputs
 
 _MODELS: dict[str, tuple[Any, Any]] = {}
 
@@ -60,8 +61,6 @@ def predict(
     `temporary` columns made for this)."""
     import pyarrow as pa
     import torch
-
-    from hora.spark.estimator.train import as_outputs
 
     model, device = _model(token, broadcast)
     for batch in batches:

@@ -9,9 +9,11 @@ from typing import Any
 from pyspark.ml import Model
 from pyspark.ml.util import MLReadable, MLWritable
 
+from hora.spark.estimator import inference
 from hora.spark.estimator.columns import ColumnSpec, describe, numeric_column
 from hora.spark.estimator.params import MODEL_OBJECTS, ModelParams
 from hora.spark.estimator.persistence import HoraReader, HoraWriter
+from hora.spark.estimator.train import as_outputs
 
 OUTPUT_TYPES = ("auto", "double", "array", "vector")
 
@@ -48,8 +50,6 @@ class TorchModel(Model, ModelParams, MLWritable, MLReadable):
         from pyspark.ml.functions import array_to_vector
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
-
-        from hora.spark.estimator import inference
 
         outputs = self.output_columns()
         taken = [n for n in outputs if n in dataset.columns]
@@ -119,8 +119,6 @@ class TorchModel(Model, ModelParams, MLWritable, MLReadable):
     def _output_widths(self, specs: list[ColumnSpec]) -> list[int]:
         """Values per row of each output, from one forward pass on zeros on the driver."""
         import torch
-
-        from hora.spark.estimator.train import as_outputs
 
         model = self.getModel().to("cpu").eval()
         xs = [torch.zeros((2, *s.shape), dtype=torch.float32) for s in specs]

@@ -10,9 +10,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hora.checkpoint import Checkpoint
 from hora.spark.estimator import feed
 from hora.spark.estimator.columns import ColumnSpec
+from hora.spark.estimator.events import EpochEvents
+from hora.spark.estimator.export import export_model
 from hora.spark.estimator.store import Store
+from hora.wire.link import log_to_driver
 
 CHECKPOINTS_KEPT = 2
 
@@ -127,10 +131,7 @@ def train_on_rank(job: TrainJob) -> None:
     """One rank of a fit. Resumes from the run's newest checkpoint when there is one."""
     import torch
 
-    import hora.torch as hvd
-    from hora.checkpoint import Checkpoint
-    from hora.spark.estimator.events import EpochEvents
-    from hora.wire.link import log_to_driver
+    import hora.torch as hvd  # here: the driver and TorchModel's tasks import this module too
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -228,8 +229,6 @@ def train_on_rank(job: TrainJob) -> None:
     if events is not None:
         events.close()
     if rank == 0 and start < job.epochs:
-        from hora.spark.estimator.export import export_model
-
         example = next(iter(train.all()))[:n_in] if len(train) else None
         export_model(model, example, job.store, job.run_id)
     hvd.shutdown()

@@ -12,14 +12,34 @@ from typing import Any
 
 import keras
 
-from hora.collectives._basics import *  # noqa: F403 - init, ranks, process sets; its __all__
-from hora.collectives._basics import __all__ as _basics_all
-from hora.collectives.ops import Adasum as Adasum
-from hora.collectives.ops import Average as Average
-from hora.collectives.ops import HorovodInternalError as HorovodInternalError
-from hora.collectives.ops import ProcessSet as ProcessSet
-from hora.collectives.ops import Sum as Sum
-from hora.collectives.ops import global_process_set as global_process_set
+from hora.collectives import Adasum as Adasum
+from hora.collectives import Average as Average
+from hora.collectives import HorovodInternalError as HorovodInternalError
+from hora.collectives import ProcessSet as ProcessSet
+from hora.collectives import Sum as Sum
+from hora.collectives import add_process_set as add_process_set
+from hora.collectives import ccl_built as ccl_built
+from hora.collectives import cross_rank as cross_rank
+from hora.collectives import cross_size as cross_size
+from hora.collectives import cuda_built as cuda_built
+from hora.collectives import ddl_built as ddl_built
+from hora.collectives import global_process_set as global_process_set
+from hora.collectives import gloo_built as gloo_built
+from hora.collectives import gloo_enabled as gloo_enabled
+from hora.collectives import init as init
+from hora.collectives import is_homogeneous as is_homogeneous
+from hora.collectives import is_initialized as is_initialized
+from hora.collectives import local_rank as local_rank
+from hora.collectives import local_size as local_size
+from hora.collectives import mpi_built as mpi_built
+from hora.collectives import mpi_enabled as mpi_enabled
+from hora.collectives import mpi_threads_supported as mpi_threads_supported
+from hora.collectives import nccl_built as nccl_built
+from hora.collectives import rank as rank
+from hora.collectives import remove_process_set as remove_process_set
+from hora.collectives import rocm_built as rocm_built
+from hora.collectives import shutdown as shutdown
+from hora.collectives import size as size
 from hora.tensorflow import Compression as Compression
 from hora.tensorflow import SyncBatchNormalization as SyncBatchNormalization
 from hora.tensorflow import allgather as allgather
@@ -40,7 +60,6 @@ from hora.timeline import start_timeline as start_timeline
 from hora.timeline import stop_timeline as stop_timeline
 
 __all__ = [
-    *(n for n in _basics_all if n != "NOT_INITIALIZED"),
     "Adasum",
     "Average",
     "Compression",
@@ -50,6 +69,7 @@ __all__ = [
     "ProcessSet",
     "Sum",
     "SyncBatchNormalization",
+    "add_process_set",
     "allgather",
     "allgather_object",
     "allreduce",
@@ -58,9 +78,30 @@ __all__ = [
     "broadcast_object",
     "broadcast_variables",
     "callbacks",
+    "ccl_built",
+    "cross_rank",
+    "cross_size",
+    "cuda_built",
+    "ddl_built",
     "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
+    "init",
+    "is_homogeneous",
+    "is_initialized",
     "load_model",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "rank",
     "reducescatter",
+    "remove_process_set",
+    "rocm_built",
+    "shutdown",
+    "size",
     "start_timeline",
     "stop_timeline",
 ]

@@ -15,8 +15,7 @@ from typing import Any
 
 import keras
 
-from hora.collectives._common import Average, Sum
-from hora.collectives._process_sets import ProcessSet, global_process_set
+from hora.collectives import Average, ProcessSet, Sum, global_process_set
 from hora.tensorflow.compression import Compression, Compressor
 from hora.tensorflow.gradient_tape import local_variables, reduce_gradients
 

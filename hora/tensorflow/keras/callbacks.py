@@ -13,7 +13,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hora.collectives._basics import size
+from hora.collectives import size
 from hora.tensorflow import mpi_ops
 from hora.tensorflow.functions import broadcast_variables
 

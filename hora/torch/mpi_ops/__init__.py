@@ -7,11 +7,7 @@ package only so that the engine's history follows `hora/collectives/ops.py` (for
 
 from hora.collectives import *  # noqa: F403 - the neutral surface, listed in its __all__
 from hora.collectives import __all__ as _neutral_all
-from hora.collectives.ops import (  # noqa: F401 - Horovod-internal names some callers import
-    SparseHandle,
-    _allreduce_async,
-    _resolve_op,
-)
+from hora.collectives.framework import SparseHandle as SparseHandle
 from hora.torch._autograd import (
     allgather,
     allreduce,

@@ -1,0 +1,492 @@
+"""The house's layout, enforced: every module imports alone, and every arrow points down.
+
+After Ray Train's `tests/test_circular_imports.py`, and more. Two readings of hora/:
+- **Each module imported alone**, in one subprocess: before each module every `hora*` entry is
+  dropped from sys.modules and `hora` itself is an empty shell, so a module gets only what it
+  imports itself (hora/__init__.py's import order cannot hide a circle). A module fails on an
+  import error, or when it loads, even dynamically, a module of another room on its floor or
+  higher; a module whose optional framework is missing is skipped with the reason.
+- **Every import statement read (ast)**, module-level and inside functions (an import under
+  `if TYPE_CHECKING:` is not an arrow). It fails on an import circle between modules, an arrow
+  up the floors, a private name imported from outside the package that owns it, and a
+  function-level import of a hora module that is not in `FUNCTION_LEVEL_IMPORTS` with its reason.
+
+`python tests/test_layout.py` prints every finding without pytest.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "hora"
+
+#: The floors, highest first. A "room" is `hora.<first component>` (`hora` alone is the package's
+#: `__init__`). A module may import the modules of its own room and those of rooms on strictly
+#: lower floors. Two stacks share the building: doors -> job -> engines -> wire/environment, and
+#: framework APIs -> collectives -> timeline -> wire.
+FLOORS: dict[int, tuple[str, ...]] = {
+    10: ("hora.__main__",),  # `python -m hora`: runs the command line, so it sits above it
+    9: ("hora", "hora.cli"),  # the package's face and the command line
+    8: ("hora.api", "hora.spark", "hora._worker"),  # the doors, and what every worker runs first
+    7: ("hora.job",),  # the driver's lifecycle: launch, group, monitor, policy, restarts
+    6: ("hora.config", "hora._script", "hora.keras"),  # the one RunConfig; a script as a job
+    5: ("hora.torch", "hora.tensorflow"),  # Horovod's framework APIs
+    4: ("hora.collectives", "hora.engines"),  # the collective engine; the engines that run ranks
+    3: ("hora.timeline", "hora.checkpoint"),
+    2: (
+        "hora.environment",
+        "hora._payload",
+        "hora._output_files",
+        "hora._deepspeed_ops",
+        "hora._stacks",
+        "hora.reporters",
+    ),
+    1: ("hora.wire",),  # how processes talk: imports nothing of hora but hora.errors
+    0: ("hora.errors",),
+}
+FLOOR_OF_ROOM = {room: floor for floor, rooms in FLOORS.items() for room in rooms}
+
+#: The only function-level imports of hora modules, (importer, imported) -> why it cannot be at
+#: the top. Anything else belongs at the top of its module, where readers and tools see it.
+FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
+    ("hora.engines.spark.entry", "hora.engines.spark.task"): (
+        "entry is shipped to Spark's executors by value and must load where hora cannot be "
+        "imported, to say why; it imports hora's task supervisor only once the executor's "
+        "Python is known to match the driver's"
+    ),
+    ("hora.spark", "hora.spark.estimator"): (
+        "TorchEstimator and TorchModel import pyspark.ml (seconds); `from hora.spark import "
+        "TorchDistributor` must not pay for them (a module __getattr__)"
+    ),
+    ("hora.spark.estimator.train", "hora.torch"): (
+        "the driver and TorchModel's inference tasks import train.py too (TrainJob, the "
+        "forward/loss step); only a training rank needs hora.torch and torch.distributed"
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The tree
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of hora, name -> file."""
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def is_package(name: str) -> bool:
+    return modules()[name].name == "__init__.py"
+
+
+def room_of(name: str) -> str:
+    return ".".join(name.split(".")[:2])
+
+
+def floor_of(name: str) -> int | None:
+    """The floor of `name`'s room; None for a room FLOORS does not list (a finding of its own)."""
+    return FLOOR_OF_ROOM.get(room_of(name))
+
+
+def is_private(component: str) -> bool:
+    return component.startswith("_") and not (
+        component.startswith("__") and component.endswith("__")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the imports
+
+
+@dataclass(frozen=True)
+class Import:
+    """One arrow: line `line` of `importer` imports the module `target`, or `names` from it."""
+
+    importer: str
+    target: str
+    names: tuple[str, ...]
+    line: int
+    in_function: bool
+    #: an attribute read on an imported module (`ops._group(...)`), not an import statement
+    read: bool = False
+
+    @property
+    def where(self) -> str:
+        return f"{modules()[self.importer].relative_to(REPO)}:{self.line}"
+
+    @property
+    def imported(self) -> str:
+        return f"{', '.join(self.names)} from {self.target}" if self.names else self.target
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _statements(node: ast.AST, in_function: bool = False) -> Iterator[tuple[ast.AST, bool]]:
+    """Every import statement and attribute read under `node`, and whether it runs inside a
+    function; the bodies of `if TYPE_CHECKING:` are left out (their `else:` is not)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.Import | ast.ImportFrom | ast.Attribute):
+            yield child, in_function
+        if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for stmt in child.orelse:
+                yield from _statements(ast.Module(body=[stmt], type_ignores=[]), in_function)
+        else:
+            inside = in_function or isinstance(
+                child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+            )
+            yield from _statements(child, inside)
+
+
+def _absolute(importer: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = importer if is_package(importer) else importer.rpartition(".")[0]
+    base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _resolved(importer: str, node: ast.Import | ast.ImportFrom) -> Iterator[tuple[str, str, str]]:
+    """(module, attribute or "", the local name it is bound to) for each alias."""
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            yield alias.name, "", alias.asname or ""  # `import a.b` binds `a`: no module alias
+        return
+    source = _absolute(importer, node)
+    for alias in node.names:
+        local = alias.asname or alias.name
+        if f"{source}.{alias.name}" in modules():
+            yield f"{source}.{alias.name}", "", local
+        else:
+            yield source, "" if alias.name == "*" else alias.name, local
+
+
+@cache
+def imports_of(importer: str) -> tuple[Import, ...]:
+    """The imports of hora modules in `importer`, each resolved to a module and names from it.
+    A private attribute read on an imported module (`ops._group(...)`) counts as importing it."""
+    tree = ast.parse(modules()[importer].read_text(), str(modules()[importer]))
+    found: list[Import] = []
+    bound: dict[str, str] = {}  # local name -> the hora module it is
+    for node, in_function in _statements(tree):
+        if isinstance(node, ast.Attribute):
+            value = node.value
+            if isinstance(value, ast.Name) and value.id in bound and is_private(node.attr):
+                target = bound[value.id]
+                found.append(
+                    Import(importer, target, (node.attr,), node.lineno, in_function, read=True)
+                )
+            continue
+        by_target: dict[str, list[str]] = {}
+        for target, attribute, local in _resolved(importer, node):
+            if target.split(".")[0] != "hora":
+                continue
+            by_target.setdefault(target, [])
+            if attribute:
+                by_target[target].append(attribute)
+            elif local:
+                bound[local] = target
+        for target, names in by_target.items():
+            found.append(Import(importer, target, tuple(names), node.lineno, in_function))
+    return tuple(found)
+
+
+def every_import() -> Iterator[Import]:
+    for name in modules():
+        yield from imports_of(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rules, each returning what breaks it in words a newcomer can act on
+
+
+def rooms_without_a_floor() -> list[str]:
+    rooms = {room_of(name) for name in modules()}
+    found = [
+        f"FLOORS names {room}, which hora/ no longer has: remove it."
+        for room in sorted(set(FLOOR_OF_ROOM) - rooms)
+    ]
+    for room in sorted(rooms - set(FLOOR_OF_ROOM)):
+        arrows = list(every_import())
+        below = [floor_of(a.target) for a in arrows if room_of(a.importer) == room]
+        above = [floor_of(a.importer) for a in arrows if room_of(a.target) == room]
+        lowest = max((f + 1 for f in below if f is not None), default=0)
+        highest = min((f - 1 for f in above if f is not None), default=max(FLOORS))
+        fits = f"floors {lowest} to {highest} fit it" if lowest <= highest else "no floor fits it"
+        found.append(f"{room} has no floor in FLOORS: add it ({fits}, by its imports).")
+    return found
+
+
+def upward_arrows() -> list[str]:
+    found = []
+    for arrow in every_import():
+        if room_of(arrow.importer) == room_of(arrow.target):
+            continue
+        mine, theirs = floor_of(arrow.importer), floor_of(arrow.target)
+        if mine is None or theirs is None:
+            continue  # rooms_without_a_floor reports it
+        if theirs >= mine:
+            found.append(
+                f"{arrow.where}: {arrow.importer} (floor {mine}) imports {arrow.imported} "
+                f"(floor {theirs}): an arrow {'up' if theirs > mine else 'across'} the floors. "
+                "Move what it needs down, pass it in from above, or (if the house changed) "
+                "move the room in FLOORS and say why."
+            )
+    return found
+
+
+def _owner(module: str) -> str:
+    """The package that owns `module`'s own names: itself if it is a package, else its parent."""
+    return module if is_package(module) else module.rpartition(".")[0]
+
+
+def _private_owner(arrow: Import) -> str | None:
+    """The package whose private name `arrow` reaches, or None. A private name is visible in
+    the package that holds it and that package's subpackages."""
+    parts = arrow.target.split(".")
+    for index, part in enumerate(parts):
+        if is_private(part):
+            return _owner(".".join(parts[:index]))
+    return _owner(arrow.target) if any(is_private(n) for n in arrow.names) else None
+
+
+def private_crossings() -> list[str]:
+    found = []
+    for arrow in every_import():
+        owner = _private_owner(arrow)
+        if owner is None or arrow.importer == owner or arrow.importer.startswith(owner + "."):
+            continue
+        private = [n for n in arrow.names if is_private(n)]
+        what = f"{', '.join(private)} from {arrow.target}" if private else arrow.target
+        found.append(
+            f"{arrow.where}: {arrow.importer} {'reads' if arrow.read else 'imports'} "
+            f"{what}, private to {owner}. Use {owner}'s public face (its __init__ or "
+            "a public module) and, if what you need is not there, add it there."
+        )
+    return found
+
+
+def unlisted_function_imports() -> list[str]:
+    return [
+        f"{arrow.where}: {arrow.importer} imports {arrow.imported} inside a function. Move it to "
+        "the top of the module; if it must stay (a heavy import kept out of a light module, code "
+        "that runs where hora is not installed), add it to FUNCTION_LEVEL_IMPORTS with the reason."
+        for arrow in every_import()
+        if arrow.in_function
+        and not arrow.read
+        and (arrow.importer, arrow.target) not in FUNCTION_LEVEL_IMPORTS
+    ]
+
+
+def stale_allowances() -> list[str]:
+    present = {(a.importer, a.target) for a in every_import() if a.in_function and not a.read}
+    return [
+        f"FUNCTION_LEVEL_IMPORTS lists {importer} -> {target}, which no function imports any more: "
+        "remove the entry."
+        for importer, target in FUNCTION_LEVEL_IMPORTS
+        if (importer, target) not in present
+    ]
+
+
+def import_graph() -> dict[str, dict[str, Import]]:
+    """importer -> {module it makes Python import -> the import statement}. Importing
+    `hora.a.b.c` from outside `hora.a` also runs `hora/a/__init__.py` and `hora/a/b/__init__.py`;
+    those arrows are in the graph too (never `hora` itself, which every module has)."""
+    graph: dict[str, dict[str, Import]] = {name: {} for name in modules()}
+    for arrow in every_import():
+        parts = arrow.target.split(".")
+        for end in range(2, len(parts) + 1):
+            reached = ".".join(parts[:end])
+            inside = arrow.importer == reached or arrow.importer.startswith(reached + ".")
+            if reached in modules() and not inside:
+                graph[arrow.importer].setdefault(reached, arrow)
+    return graph
+
+
+def _cycle_through(start: str, members: set[str], graph: dict[str, dict[str, Import]]) -> list:
+    """A shortest path start -> ... -> start inside one strongly connected component."""
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for successor in sorted(graph[node]):
+            if successor == start:
+                return paths[node] + [start]
+            if successor in members and successor not in paths:
+                paths[successor] = paths[node] + [successor]
+                queue.append(successor)
+    raise AssertionError(f"no cycle through {start}")
+
+
+def components(graph: dict[str, dict[str, Import]]) -> list[set[str]]:
+    """Tarjan's strongly connected components with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in graph[node]:
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            member = set()
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                member.add(top)
+                if top == node:
+                    break
+            if len(member) > 1:
+                found.append(member)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def circles() -> list[str]:
+    graph = import_graph()
+    found = []
+    for members in components(graph):
+        cycle = _cycle_through(min(members), members, graph)
+        steps = "\n".join(
+            f"  {a} -> {b}   ({graph[a][b].where}"
+            f"{', in a function' if graph[a][b].in_function else ''})"
+            for a, b in itertools.pairwise(cycle)
+        )
+        found.append(
+            f"an import circle among {len(members)} modules ({', '.join(sorted(members))}), "
+            f"for example:\n{steps}\nBreak it: move what both ends need into a module below "
+            "them both, or pass it in as an argument; a function-level import only hides it."
+        )
+    return found
+
+
+RULES = {
+    "rooms without a floor": rooms_without_a_floor,
+    "circles": circles,
+    "upward arrows": upward_arrows,
+    "private names across packages": private_crossings,
+    "function-level imports": unlisted_function_imports,
+    "stale allow-list entries": stale_allowances,
+}
+
+
+def report(findings: list[str]) -> str:
+    return "\n".join(["", *(f"- {textwrap.indent(f, '  ').lstrip()}" for f in findings)])
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+def test_static_layout(rule: str) -> None:
+    findings = RULES[rule]()
+    assert not findings, f"{len(findings)} found:{report(findings)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Each module imported alone
+
+IMPORT_ALONE = """
+import importlib, json, sys, traceback, types
+
+package, out, names = sys.argv[1], sys.argv[2], json.loads(sys.stdin.read())
+results = {}
+for name in names:
+    for key in [k for k in sys.modules if k == "hora" or k.startswith("hora.")]:
+        del sys.modules[key]
+    if name != "hora":
+        shell = types.ModuleType("hora")
+        shell.__path__ = [package]
+        sys.modules["hora"] = shell
+    try:
+        importlib.import_module(name)
+    except ImportError as error:
+        missing = getattr(error, "name", None)
+        if missing and missing.split(".")[0] != "hora":
+            results[name] = {"skipped": f"{missing} is not installed ({error})"}
+            continue
+        results[name] = {"error": traceback.format_exc()}
+        continue
+    except BaseException:
+        results[name] = {"error": traceback.format_exc()}
+        continue
+    loaded = sorted(k for k in sys.modules if k.split(".")[0] == "hora" and k != "hora")
+    results[name] = {"loaded": loaded}
+with open(out, "w") as f:
+    json.dump(results, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def imported_alone(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """name -> {"loaded": [the hora modules it brought]}, {"skipped": why} or {"error": trace}."""
+    out = tmp_path_factory.mktemp("layout") / "imported.json"
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALONE, str(PACKAGE), str(out)],
+        input=json.dumps(list(modules())),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", list(modules()))
+def test_imports_alone(name: str, imported_alone: dict[str, dict]) -> None:
+    outcome = imported_alone[name]
+    if "skipped" in outcome:
+        pytest.skip(outcome["skipped"])
+    if "error" in outcome:
+        pytest.fail(f"`import {name}` alone fails:\n{outcome['error']}", pytrace=False)
+    mine = floor_of(name)
+    above = [
+        loaded
+        for loaded in outcome["loaded"]
+        if room_of(loaded) != room_of(name) and mine is not None and (floor_of(loaded) or 0) >= mine
+    ]
+    assert not above, (
+        f"`import {name}` (floor {floor_of(name)}) loads {above}, on its floor or above. "
+        "test_static_layout names the import statements that point up; if it names none, an "
+        "import it cannot read (importlib.import_module) does: point it down."
+    )
+
+
+if __name__ == "__main__":
+    total = 0
+    for title, rule in RULES.items():
+        findings = rule()
+        total += len(findings)
+        print(f"{title}: {len(findings)}{report(findings)}\n")
+    sys.exit(1 if total else 0)
