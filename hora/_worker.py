@@ -24,10 +24,33 @@ from hora import _deepspeed_ops, _stacks
 from hora._payload import dumps_result
 from hora._script import CommandFailed
 from hora.wire import channel, link
-from hora.wire.protocol import ALLOWED, Boot, DumpStacks, Error, Hello, Payload, Result, Stacks
+from hora.wire.protocol import (
+    ALLOWED,
+    Boot,
+    DumpStacks,
+    Error,
+    Heartbeat,
+    Hello,
+    Payload,
+    Result,
+    Stacks,
+)
 
 BOOT_ENV_FLAG = "HORA_WORKER"
 _HORA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+HEARTBEAT_SECONDS = 2.0
+
+
+def _beat(conn: channel.Connection, rank: int, done: threading.Event) -> None:
+    """Tell the driver every few seconds that this rank and its host are there: a host cut off
+    from the network is noticed by its silence (hora.job.monitor), not by a 30-minute hang."""
+    while not done.wait(HEARTBEAT_SECONDS):
+        try:
+            conn.send(Heartbeat(rank))
+        except OSError:
+            return  # the driver is gone: the watcher ends this process
 
 
 def _watch_driver(conn: channel.Connection, rank: int, done: threading.Event) -> None:
@@ -66,6 +89,9 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
     job: Payload = conn.recv()
     done = threading.Event()
     threading.Thread(target=_watch_driver, args=(conn, rank, done), daemon=True).start()
+    threading.Thread(
+        target=_beat, args=(conn, rank, done), name="hora-heartbeat", daemon=True
+    ).start()
     link.attach(link.DriverLink(conn, rank, boot.secret))
     try:
         fn, args, kwargs = cloudpickle.loads(job.job)

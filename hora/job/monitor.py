@@ -8,6 +8,7 @@ decides nothing about restarts: it returns the results, or raises the attempt's
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import time
@@ -39,6 +40,10 @@ from hora.wire.protocol import (
 TAIL_LINES = 30
 SETTLE_SECONDS = 0.3  # after a first failure, wait this long for its cause to be reported too
 EXIT_GRACE_SECONDS = 10.0  # after every result is in, how long ranks get to exit by themselves
+# A running rank sends a heartbeat every 2 s (hora._worker); this long without a word from it,
+# its host is taken as cut off (or the process as frozen), and the attempt fails naming it.
+SILENCE_VAR = "HORA_HEARTBEAT_TIMEOUT_SECONDS"
+DEFAULT_SILENCE_SECONDS = 30.0
 
 
 class Group(Protocol):
@@ -104,6 +109,8 @@ class Monitor:
         self.connections: dict[int, Connection] = {}  # each started rank's channel
         self.dump: StackRequest | None = None  # asked when the run is stopped: in its story
         self.asked_by_user: StackRequest | None = None  # printed once answered, the run goes on
+        self.last_heard: dict[int, float] = {}  # rank -> time.monotonic() of its last message
+        self.silence_s = silence_seconds()
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
@@ -114,6 +121,7 @@ class Monitor:
             now = time.monotonic()
             self._serve_user_dump()
             self.metrics.flush()
+            self._note_silent_ranks(now)
             if self.failures:
                 first = min(f.time for f in self.failures.values())
                 if time.time() - first >= SETTLE_SECONDS and self._stacks_in(now):
@@ -143,6 +151,9 @@ class Monitor:
             self.handle(conn, message)
 
     def handle(self, conn: Connection | None, message: Any) -> None:
+        peer = getattr(conn, "peer", None)
+        if peer is not None:
+            self.last_heard[peer] = time.monotonic()
         match message:
             case None:  # a channel closed; the launcher reports the process's exit
                 rank = getattr(conn, "peer", None)
@@ -158,6 +169,7 @@ class Monitor:
                 conn.peer = rank
                 self.started[rank] = host
                 self.connections[rank] = conn
+                self.last_heard[rank] = time.monotonic()
                 conn.send(Payload(self.payload, self.collect_all or rank == 0))
             case Output(rank=rank, stream=stream, text=text):
                 self._output(rank, stream, text)
@@ -189,6 +201,30 @@ class Monitor:
             print(f"hora: stall: {text}", file=sys.stderr, flush=True)
         if stopping and self.dump is None and not self.stopping:
             self.dump = self._ask_where("the stall inspector stopped them")
+
+    def _note_silent_ranks(self, now: float) -> None:
+        """A running rank not heard from for the silence time fails the attempt, naming its
+        host: a cut-off host's ranks would otherwise wait in their collectives for ever."""
+        if not self.silence_s:
+            return
+        for rank, heard in self.last_heard.items():
+            silent = now - heard
+            if silent < self.silence_s or rank in self.failures or self._finished(rank):
+                continue
+            host = self.started.get(rank, "?")
+            self.failures[rank] = Failure(
+                rank,
+                f"no word from it for {silent:.0f} s ({SILENCE_VAR}={self.silence_s:g}): host "
+                f"{host} is unreachable (network cut, or the host is gone) or the process is "
+                "frozen",
+                "",
+                False,
+                time.time(),
+                subject=f"rank {rank} on host {host}",
+            )
+
+    def _finished(self, rank: int) -> bool:
+        return rank in self.results or rank in self.exits or rank in self.closed
 
     # -- where each rank is -----------------------------------------------------------------
     def _ask_where(self, why: str) -> StackRequest:
@@ -285,3 +321,12 @@ class Monitor:
 
 def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
+
+
+def silence_seconds() -> float:
+    """How long a running rank may stay silent (0: never judged silent)."""
+    value = os.environ.get(SILENCE_VAR, "")
+    try:
+        return float(value) if value else DEFAULT_SILENCE_SECONDS
+    except ValueError:
+        raise ValueError(f"{SILENCE_VAR}={value!r} is not a number of seconds") from None

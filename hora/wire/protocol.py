@@ -9,8 +9,8 @@ and Spark's Python workers import it too.
 Who sends what:
 
 - launcher -> worker process (one JSON line on its stdin): Boot
-- worker -> driver (the job's channel): Hello, Output, Result, Error, TimelineBatch, Stall,
-  Stacks, Metrics
+- worker -> driver (the job's channel): Hello, Heartbeat, Output, Result, Error, TimelineBatch,
+  Stall, Stacks, Metrics
 - driver -> worker: Payload, DumpStacks
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
 - rank supervisor (a Spark task, a Ray actor) <-> its launcher: TaskReady, Output, Exited /
@@ -63,6 +63,12 @@ class Hello(NamedTuple):
     rank: int
     pid: int
     host: str
+
+
+class Heartbeat(NamedTuple):
+    """A worker is alive and its host reachable (every few seconds while its job runs)."""
+
+    rank: int
 
 
 class Output(NamedTuple):
@@ -201,6 +207,7 @@ class Stop(NamedTuple):
 #: what the job's event queue carries from the launchers and the workers
 DriverMessage = (
     Hello
+    | Heartbeat
     | Output
     | Result
     | Error
@@ -214,7 +221,7 @@ DriverMessage = (
 
 #: the only classes a job channel's frame may name (hora.wire.channel's allow-list)
 ALLOWED = allowed_classes(
-    *(Hello, Output, Result, Error, TimelineBatch, Stall, Stacks, Metrics),  # worker -> driver
+    *(Hello, Heartbeat, Output, Result, Error, TimelineBatch, Stall, Stacks, Metrics),  # worker
     *(Payload, DumpStacks),  # driver -> worker
     *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
 )
