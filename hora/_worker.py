@@ -23,6 +23,7 @@ import cloudpickle
 from hora import _deepspeed_ops
 from hora._payload import dumps_result
 from hora._script import CommandFailed
+from hora.engines.spark import task_context
 from hora.wire import channel, link
 from hora.wire.protocol import ALLOWED, Boot, Error, Hello, Payload, Result
 
@@ -98,6 +99,7 @@ def main() -> None:
     sys.path.extend(p for p in boot.sys_path if p not in sys.path)
     os.environ[BOOT_ENV_FLAG] = "1"
     _deepspeed_ops.refuse_jit_builds()
+    task_context.install(boot.secret)  # on Spark: pyspark's TaskContext is the rank's task
     conn = channel.connect(boot.address, boot.secret, ALLOWED)
     conn.send(Hello(boot.rank, os.getpid(), socket.gethostname()))
     status = _run(boot, conn)
