@@ -21,7 +21,7 @@ from hora._script import check_script, run_script
 from hora.job import launch
 from hora.spark import _deepspeed_config
 from hora.spark._deepspeed_config import ConfigSource, DeepspeedConfigError
-from hora.spark._distributor import TorchDistributor, _whole_number
+from hora.spark._distributor import TorchDistributor, positive_int
 
 #: pyspark's DeepSpeed door's own opt-in to unencrypted training on a TLS cluster
 DEEPSPEED_IGNORE_SSL = "deepspeed.spark.distributor.ignoreSsl"
@@ -61,10 +61,8 @@ class DeepspeedTorchDistributor(TorchDistributor):
         *,
         max_restarts: int = 0,
     ):
-        for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
-            if _whole_number(name, value) <= 0:
-                raise ValueError(f"{name} has to be a positive integer, got {value!r}")
-        super().__init__(int(numGpus) * int(nnodes), localMode, useGpu, max_restarts=max_restarts)
+        processes = positive_int("numGpus", numGpus) * positive_int("nnodes", nnodes)
+        super().__init__(processes, localMode, useGpu, max_restarts=max_restarts)
         self.deepspeed_config = deepspeedConfig
         self._config = _deepspeed_config.load(deepspeedConfig)  # not JSON: an error here
         self._checked = False

@@ -53,19 +53,15 @@ class TorchDistributor:
         *,
         max_restarts: int = 0,
     ):
-        self.num_processes = _whole_number("num_processes", num_processes)
+        self.num_processes = positive_int("num_processes", num_processes)
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)
         self.ssl_conf = self._IGNORE_SSL_KEY
         # pyspark's logger name (its own tests read this logger's warnings)
         self.logger = logging.getLogger(type(self).__name__)
         if not self.local_mode:
-            _require_spark_session(f"{type(self).__name__}({self._LOCAL_MODE}=False)")
+            _require_spark_session(type(self).__name__, self._LOCAL_MODE)
         self.num_tasks = self._tasks()
-        if self.num_processes <= 0:
-            raise ValueError(
-                f"num_processes has to be a positive integer, got {self.num_processes}"
-            )
         RunConfig(np=self.num_processes, max_restarts=max_restarts)  # a bad value fails here
         self.max_restarts = max_restarts
 
@@ -137,9 +133,10 @@ class TorchDistributor:
         )
 
 
-def _whole_number(name: str, value: Any) -> int:
-    """pyspark takes any int, a bool as its value (`numGpus=True` is one process)."""
-    if not isinstance(value, int):
+def positive_int(name: str, value: Any) -> int:
+    """pyspark's ValueError for a count <= 0; a bool counts as its value, as in pyspark
+    (`numGpus=True` is one process)."""
+    if not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} has to be a positive integer, got {value!r}")
     return int(value)
 
@@ -182,11 +179,11 @@ def driver_gpus(resource: str = "gpu") -> list[str]:
     return environment.cuda_devices(addresses) if addresses else []
 
 
-def _require_spark_session(door: str) -> None:
+def _require_spark_session(door: str, local_mode: str) -> None:
     """Say what to do in this door's words (pyspark's class: RuntimeError), in the constructor."""
     if active_spark_context() is None:
         raise RuntimeError(
-            f"{door} runs its processes as Spark tasks and needs an active SparkSession: create "
-            "one first (SparkSession.builder...getOrCreate()), or run them on the driver "
-            "(local mode)"
+            f"{door}({local_mode}=False) runs its processes as Spark tasks and needs an active "
+            "SparkSession: create one first (SparkSession.builder...getOrCreate()), or pass "
+            f"{local_mode}=True to run them on the driver"
         )

@@ -9,9 +9,11 @@ works as a plain process would when there is none, so the same training code run
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 from collections.abc import Callable
 
-from hora.wire.channel import Connection, derived_key
+from hora.wire.channel import Connection
 from hora.wire.protocol import Output, Stall, TimelineBatch
 
 
@@ -24,7 +26,7 @@ class DriverLink:
         #: HMAC(run secret, b"hora.torch negotiation"): hora.collectives authenticates its
         #: negotiation star with it; the secret itself never leaves the bootstrap (nor enters
         #: the environment).
-        self.negotiation_key = derived_key(secret, b"hora.torch negotiation")
+        self.negotiation_key = hmac.new(secret, b"hora.torch negotiation", hashlib.sha256).digest()
         #: run (in order, errors ignored) while the channel is still up, just before the job's
         #: result is sent: the timeline ships its last events here.
         self.before_detach: list[Callable[[], None]] = []
