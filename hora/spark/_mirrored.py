@@ -69,6 +69,8 @@ class MirroredStrategyRunner:
         self._sc = active_spark_context()
         self._num_tasks: int | None = None
         if not self.local_mode:
+            if self._sc is None:  # the original starts its SparkSession here
+                self._sc = _started_spark_context()
             self._num_tasks = self.get_num_tasks()
 
     @property

@@ -10,15 +10,13 @@ own tests with only the class swapped (spark-tensorflow-distributor's, from its 
 from __future__ import annotations
 
 import json
-import stat
-import textwrap
 
 import pytest
 
 import hora
 from hora.spark import DeepspeedTorchDistributor, MirroredStrategyRunner, TorchDistributor
 from tests.spark import _jobs
-from tests.spark.conftest import start_spark, stop_spark
+from tests.spark.conftest import fake_gpus, start_spark, stop_spark
 
 pytestmark = pytest.mark.spark
 
@@ -27,26 +25,12 @@ EXECUTOR_CUDA_DEVICES = ["10", "11", "12", "13"]
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gpus")
-    script = folder / "discover.sh"
-    script.write_text(
-        textwrap.dedent(f"""\
-        #!/bin/sh
-        # each Spark worker that runs this claims the next two free fake GPU addresses
-        for pair in '"0", "1"' '"2", "3"'; do
-          if mkdir "{folder}/claimed-$(echo "$pair" | tr -dc 0-9)" 2>/dev/null; then
-            echo "{{\\"name\\": \\"gpu\\", \\"addresses\\": [$pair]}}"; exit 0
-          fi
-        done
-        exit 1
-        """)
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    script = fake_gpus(tmp_path_factory.mktemp("gpus"), ["0", "1"], ["2", "3"])
     session = start_spark(
         "local-cluster[2,1,1024]",
         **{
             "spark.worker.resource.gpu.amount": "2",
-            "spark.worker.resource.gpu.discoveryScript": str(script),
+            "spark.worker.resource.gpu.discoveryScript": script,
             "spark.executor.resource.gpu.amount": "2",
             "spark.task.resource.gpu.amount": "2",
             "spark.executorEnv.CUDA_VISIBLE_DEVICES": ",".join(EXECUTOR_CUDA_DEVICES),

@@ -11,7 +11,6 @@ class swapped, where they run here. The local-cluster ones are in test_doors_clu
 from __future__ import annotations
 
 import logging
-import stat
 
 import pytest
 
@@ -19,7 +18,7 @@ import hora
 from hora.spark import DeepspeedTorchDistributor, MirroredStrategyRunner, TorchDistributor
 from tests import _workers
 from tests.spark import _jobs, _pyspark_training_file
-from tests.spark.conftest import start_spark, stop_spark
+from tests.spark.conftest import fake_gpus, start_spark, stop_spark
 
 pytestmark = pytest.mark.spark
 
@@ -29,14 +28,12 @@ TASK_CUDA_DEVICES = "3,4,5"
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    script = tmp_path_factory.mktemp("gpus") / "discover.sh"
-    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    script = fake_gpus(tmp_path_factory.mktemp("gpus"), ["0", "1", "2"])
     session = start_spark(
         "local[2]",
         **{
             "spark.driver.resource.gpu.amount": "3",
-            "spark.driver.resource.gpu.discoveryScript": str(script),
+            "spark.driver.resource.gpu.discoveryScript": script,
             "spark.executorEnv.CUDA_VISIBLE_DEVICES": TASK_CUDA_DEVICES,
         },
     )

@@ -9,7 +9,6 @@ Also the TorchDistributor door (function and script), on this cluster and in loc
 from __future__ import annotations
 
 import queue
-import stat
 import textwrap
 import time
 
@@ -24,33 +23,19 @@ from hora.wire import channel as _channel
 from hora.wire.protocol import ALLOWED, EngineFailed, Hello, Refuse, TaskReady
 from tests import _workers
 from tests.spark import _jobs
-from tests.spark.conftest import start_spark, stop_spark
+from tests.spark.conftest import fake_gpus, start_spark, stop_spark
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gpus")
-    script = folder / "discover.sh"
-    script.write_text(
-        textwrap.dedent(f"""\
-        #!/bin/sh
-        # each Spark worker that runs this claims the next free fake GPU address
-        for i in 0 1 2 3; do
-          if mkdir "{folder}/claimed-$i" 2>/dev/null; then
-            echo '{{"name": "gpu", "addresses": ["'$i'"]}}'; exit 0
-          fi
-        done
-        exit 1
-        """)
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    script = fake_gpus(tmp_path_factory.mktemp("gpus"), ["0"], ["1"], ["2"], ["3"])
     session = start_spark(
         "local-cluster[2,1,1024]",
         **{
             "spark.worker.resource.gpu.amount": "1",
-            "spark.worker.resource.gpu.discoveryScript": str(script),
+            "spark.worker.resource.gpu.discoveryScript": script,
             "spark.executor.resource.gpu.amount": "1",
             "spark.task.resource.gpu.amount": "1",
             "spark.executorEnv.CUDA_VISIBLE_DEVICES": "5,6,7,8",

@@ -20,6 +20,8 @@ import pytest
 from hora.engines.spark import task_context
 from hora.wire import channel
 
+pytestmark = pytest.mark.spark  # beside Spark's JVM when run after the other Spark modules
+
 SECRET = channel.new_secret()
 
 

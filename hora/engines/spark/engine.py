@@ -214,8 +214,10 @@ class SparkLauncher(Launcher):
         self._planned = True
         ranks = [self._tasks[task] for task in order]
         if self.gpu_counts is not None:  # each rank gets the first GPUs of its task, only those
-            counts = self.gpu_counts
-            ranks = [{**self._tasks[t], "gpus": self._tasks[t]["gpus"][: counts[t]]} for t in order]
+            ranks = [
+                {**r, "gpus": r["gpus"][: self.gpu_counts[task]]}
+                for r, task in zip(ranks, order, strict=True)
+            ]
         plan = Plan(
             ranks=ranks,
             master=self._master,
