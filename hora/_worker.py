@@ -99,9 +99,9 @@ def main() -> None:
     sys.path.extend(p for p in boot.sys_path if p not in sys.path)
     os.environ[BOOT_ENV_FLAG] = "1"
     _deepspeed_ops.refuse_jit_builds()
-    task_context.install(boot.secret)  # on Spark: pyspark's TaskContext is the rank's task
     conn = channel.connect(boot.address, boot.secret, ALLOWED)
     conn.send(Hello(boot.rank, os.getpid(), socket.gethostname()))
+    task_context.install(boot.secret)  # on Spark: pyspark's TaskContext is the rank's task
     status = _run(boot, conn)
     conn.close()
     # Tearing down an interpreter that imported torch takes ~0.3 s and helps nobody; the atexit

@@ -4,8 +4,7 @@
 TorchDistributor`; `DeepspeedTorchDistributor` replaces pyspark's DeepSpeed door;
 `MirroredStrategyRunner` replaces spark-tensorflow-distributor's (TensorFlow is imported only
 inside the ranks); `TorchEstimator`/`TorchModel` replace Horovod's Spark estimator. Same arguments
-and meanings, on hora's engines (hora.engines.spark); docs/spark.md compares each door with its
-original.
+and meanings, on hora's engines. The engine itself is `_engine.py` and its helpers.
 """
 
 from typing import Any

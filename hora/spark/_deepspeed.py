@@ -74,7 +74,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
         if self._config is not None and not self._checked:
             _deepspeed_config.check(self._config, self.num_processes)
             self._checked = True
-        config = self._run_config()
+        config = self._engine()
         if not isinstance(train_object, str | os.PathLike):
             if _takes_config(train_object):
                 if CONFIG_KEYWORD in kwargs:

@@ -98,7 +98,7 @@ class TorchDistributor:
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run `train_object(*args, **kwargs)` on every rank and return rank 0's value, or run
         the script at path `train_object` with the string arguments `args` and return None."""
-        config = self._run_config()
+        config = self._engine()
         if isinstance(train_object, str | os.PathLike):
             if kwargs:
                 raise ValueError(
@@ -111,7 +111,7 @@ class TorchDistributor:
             return None
         return launch(train_object, args, kwargs, config)[0]
 
-    def _run_config(self) -> RunConfig:
+    def _engine(self) -> RunConfig:
         """The run's config: the engine, each rank's GPUs, this door's SSL opt-in setting."""
         env: dict[str, str] = {}
         options: dict[str, Any] = {}
