@@ -23,6 +23,7 @@ import cloudpickle
 from hora import _deepspeed_ops, _stacks
 from hora._payload import dumps_result
 from hora._script import CommandFailed
+from hora.engines.spark import task_context
 from hora.wire import channel, link
 from hora.wire.protocol import (
     ALLOWED,
@@ -129,6 +130,7 @@ def main() -> None:
     _deepspeed_ops.build_once_per_host()
     conn = channel.connect(boot.address, boot.secret, ALLOWED)
     conn.send(Hello(boot.rank, os.getpid(), socket.gethostname()))
+    task_context.install(boot.secret)  # on Spark: pyspark's TaskContext is the rank's task
     status = _run(boot, conn)
     conn.close()
     # Tearing down an interpreter that imported torch takes ~0.3 s and helps nobody; the atexit

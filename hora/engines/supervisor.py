@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from hora import environment
@@ -35,8 +35,11 @@ class SupervisedWorker:
 
 
 @contextmanager
-def supervised_worker(conn: Connection, boot: Boot, plan: Plan) -> Iterator[SupervisedWorker]:
-    """Start `boot.rank`'s worker as `plan` says and relay it on `conn`; stop it on exit."""
+def supervised_worker(
+    conn: Connection, boot: Boot, plan: Plan, engine_env: Mapping[str, str] | None = None
+) -> Iterator[SupervisedWorker]:
+    """Start `boot.rank`'s worker as `plan` says and relay it on `conn`; stop it on exit.
+    `engine_env`: what the engine adds for the rank (set last)."""
     rank = boot.rank
     exited = threading.Event()
 
@@ -49,8 +52,11 @@ def supervised_worker(conn: Connection, boot: Boot, plan: Plan) -> Iterator[Supe
             conn.send(Exited(rank, code))
         exited.set()
 
-    env = environment.supervised_rank_env(rank, plan.ranks, plan.master, plan.use_gpu, os.environ)
+    env = environment.supervised_rank_env(
+        rank, plan.ranks, plan.master, plan.use_gpu, os.environ, plan.own_gpus
+    )
     env.update(plan.user_env)
+    env.update(engine_env or {})
     cwd = plan.cwd if os.path.isdir(plan.cwd) else None  # the driver's, where it exists
     worker = WorkerProcess(boot, env, on_line=on_line, on_exit=on_exit, cwd=cwd)
     try:

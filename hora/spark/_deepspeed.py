@@ -20,11 +20,13 @@ from typing import Any
 
 from hora import _deepspeed_ops
 from hora._script import check_script, run_script
-from hora.engines.spark.session import active_spark_context
 from hora.job import launch
 from hora.spark import _deepspeed_config
 from hora.spark._deepspeed_config import ConfigSource, DeepspeedConfigError
-from hora.spark._distributor import TorchDistributor
+from hora.spark._distributor import TorchDistributor, positive_int
+
+#: pyspark's DeepSpeed door's own opt-in to unencrypted training on a TLS cluster
+DEEPSPEED_IGNORE_SSL = "deepspeed.spark.distributor.ignoreSsl"
 
 #: The keyword a training function receives the config under (as a dict), if it takes it.
 CONFIG_KEYWORD = "deepspeed_config"
@@ -35,8 +37,11 @@ class DeepspeedTorchDistributor(TorchDistributor):
     """pyspark.ml.deepspeed.deepspeed_distributor.DeepspeedTorchDistributor's contract on hora.
 
     `numGpus` processes per node times `nnodes` nodes is the number of ranks (pyspark's meaning:
-    in local mode all of them run on the driver). `localMode`, `useGpu`: as TorchDistributor's.
-    `deepspeedConfig`: a dict, the path of a JSON file, or None (DeepSpeed's defaults).
+    in local mode all of them run on the driver; a bool counts as its value, so pyspark's
+    `numGpus=True` is one). `localMode`, `useGpu`: as TorchDistributor's, refused in the same
+    moments with the same errors. `deepspeedConfig`: a dict, the path of a JSON file, or None
+    (DeepSpeed's defaults). On a TLS cluster, pyspark's `deepspeed.spark.distributor.ignoreSsl`
+    (or hora's `spark.hora.ignoreSsl`) opts in to unencrypted training.
 
     A script gets `--deepspeed --deepspeed_config <path>` after its own arguments (only
     `--deepspeed` without a config). A function gets the config as a dict through the keyword
@@ -44,6 +49,9 @@ class DeepspeedTorchDistributor(TorchDistributor):
     function nothing, so a function without it runs as on pyspark. `max_restarts` (hora only,
     keyword): restart every rank up to that many times when one fails.
     """
+
+    _IGNORE_SSL_KEY = DEEPSPEED_IGNORE_SSL
+    _LOCAL_MODE = "localMode"
 
     def __init__(
         self,
@@ -55,10 +63,8 @@ class DeepspeedTorchDistributor(TorchDistributor):
         *,
         max_restarts: int = 0,
     ):
-        for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} has to be a positive integer, got {value!r}")
-        super().__init__(numGpus * nnodes, localMode, useGpu, max_restarts=max_restarts)
+        processes = positive_int("numGpus", numGpus) * positive_int("nnodes", nnodes)
+        super().__init__(processes, localMode, useGpu, max_restarts=max_restarts)
         self.deepspeed_config = deepspeedConfig
         self._config = _deepspeed_config.load(deepspeedConfig)  # not JSON: an error here
         self._checked = False
@@ -67,8 +73,6 @@ class DeepspeedTorchDistributor(TorchDistributor):
         """Run the script at path `train_object` with string arguments `args` plus DeepSpeed's,
         and return None; or run `train_object(*args, **kwargs)` on every rank and return rank 0's
         value."""
-        if not self.local_mode:
-            _require_spark_session()
         if self._config is not None and not self._checked:
             _deepspeed_config.check(self._config, self.num_processes)
             self._checked = True
@@ -148,15 +152,6 @@ def _takes_config(fn: Callable[..., Any]) -> bool:
         or (p.name == CONFIG_KEYWORD and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
         for p in parameters
     )
-
-
-def _require_spark_session() -> None:
-    if active_spark_context() is None:
-        raise RuntimeError(
-            "DeepspeedTorchDistributor(localMode=False) runs its processes as Spark tasks and "
-            "needs an active SparkSession: create one first (SparkSession.builder...getOrCreate())"
-            ", or pass localMode=True to run them on the driver"
-        )
 
 
 __all__ = ["CONFIG_KEYWORD", "DeepspeedConfigError", "DeepspeedTorchDistributor"]

@@ -4,10 +4,16 @@
 `torchrun --standalone` there); `local_mode=False` runs them as a barrier stage of
 `num_processes` tasks (the Spark engine). Either way the workers see torchrun's environment, so
 `init_process_group()` with no arguments works, and a script runs as `torchrun script.py args`.
+
+What pyspark refuses is refused at the same moment, with pyspark's error class and the start of
+its message: a missing SparkSession or GPUs the run cannot have in the constructor
+(RuntimeError), a bad `num_processes` there too (ValueError), keyword arguments to a script and
+an unencrypted run on a TLS cluster in `run`. docs/spark.md has the whole comparison.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -15,19 +21,29 @@ from typing import Any
 from hora import environment
 from hora._script import check_script, run_script
 from hora.config import RunConfig
+from hora.engines.spark import checks as spark_checks
+from hora.engines.spark.options import TORCH_IGNORE_SSL
 from hora.engines.spark.session import active_spark_context
 from hora.job import launch
+
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 
 
 class TorchDistributor:
     """pyspark.ml.torch.distributor.TorchDistributor's contract on hora.
 
     `num_processes`: how many ranks. `local_mode`: on the driver (True) or as Spark tasks
-    (False). `use_gpu`: give each rank its GPU (on Spark, the task's GPU resources, which need
-    `spark.task.resource.gpu.amount`; on the driver, its GPUs). `max_restarts` (hora only,
+    (False, which needs an active SparkSession). `use_gpu`: give each rank its GPU: on Spark,
+    the task's GPU resources (`spark.task.resource.gpu.amount` must be 1); on the driver, its
+    Spark GPU resources (this machine's GPUs without a SparkSession), the first `num_processes`
+    of them (fewer ranks, with a warning, when there are fewer). `max_restarts` (hora only,
     keyword): restart every rank up to that many times when one fails or a task is lost, which
     pyspark's TorchDistributor never does.
     """
+
+    #: the Spark setting that lets this door train unencrypted on a TLS cluster (pyspark's)
+    _IGNORE_SSL_KEY = TORCH_IGNORE_SSL
+    _LOCAL_MODE = "local_mode"  # the argument's name, for messages
 
     def __init__(
         self,
@@ -37,15 +53,47 @@ class TorchDistributor:
         *,
         max_restarts: int = 0,
     ):
-        if isinstance(num_processes, bool) or not isinstance(num_processes, int):
-            raise ValueError(f"num_processes has to be a positive integer, got {num_processes!r}")
-        if num_processes <= 0:
-            raise ValueError(f"num_processes has to be a positive integer, got {num_processes}")
-        self.num_processes = num_processes
+        self.num_processes = positive_int("num_processes", num_processes)
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)
-        RunConfig(np=num_processes, max_restarts=max_restarts)  # a bad value fails here
+        self.ssl_conf = self._IGNORE_SSL_KEY
+        # pyspark's logger name (its own tests read this logger's warnings)
+        self.logger = logging.getLogger(type(self).__name__)
+        if not self.local_mode:
+            _require_spark_session(type(self).__name__, self._LOCAL_MODE)
+        self.num_tasks = self._tasks()
+        RunConfig(np=self.num_processes, max_restarts=max_restarts)  # a bad value fails here
         self.max_restarts = max_restarts
+
+    def _tasks(self) -> int:
+        """How many Spark tasks (pyspark's `_get_num_tasks`): the GPUs this run needs must be
+        there, else RuntimeError; on the driver, fewer GPUs than processes lowers
+        `num_processes` to their number, with a warning."""
+        if not self.use_gpu:
+            return self.num_processes
+        if self.local_mode:
+            found = len(self._driver_gpus())
+            if self.num_processes > found:
+                self.logger.warning(
+                    "'num_processes' cannot be set to a value greater than the number of "
+                    f"available GPUs on the driver, which is {found}. 'num_processes' was reset "
+                    "to be equal to the number of available GPUs."
+                )
+                self.num_processes = found
+            return self.num_processes
+        _check_task_gpus(self.num_processes)
+        return self.num_processes
+
+    def _driver_gpus(self) -> list[str]:
+        gpus = driver_gpus()
+        if not gpus:
+            raise RuntimeError(
+                "GPUs were unable to be found on the driver: use_gpu=True (the default) with "
+                f"{self._LOCAL_MODE}=True needs the driver's GPUs (with a SparkSession, "
+                "spark.driver.resource.gpu.amount and its discoveryScript; without one, this "
+                "machine's). Pass use_gpu=False to train on CPUs"
+            )
+        return gpus
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run `train_object(*args, **kwargs)` on every rank and return rank 0's value, or run
@@ -64,54 +112,78 @@ class TorchDistributor:
         return launch(train_object, args, kwargs, config)[0]
 
     def _engine(self) -> RunConfig:
-        """The run's config (with the Spark engine's GPU pinning); checks the session first."""
-        if not self.local_mode:
-            _require_spark_session()
+        """The run's config: the engine, each rank's GPUs, this door's SSL opt-in setting."""
         env: dict[str, str] = {}
-        if self.local_mode and self.use_gpu:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(_driver_gpus(self.num_processes))
-        config = RunConfig(
+        options: dict[str, Any] = {}
+        if self.local_mode:
+            if self.use_gpu:  # pyspark picks a random sample of the driver's GPUs; hora the first
+                env[CUDA_VISIBLE_DEVICES] = ",".join(self._driver_gpus()[: self.num_processes])
+        else:
+            options["ignore_ssl_key"] = self._IGNORE_SSL_KEY
+            if not self.use_gpu:  # as pyspark's tasks: CPU training on a GPU host sees no GPU
+                env[CUDA_VISIBLE_DEVICES] = ""
+        return RunConfig(
             np=self.num_processes,
             backend="local" if self.local_mode else "spark",
             env=env,
             max_restarts=self.max_restarts,
             use_gpu=None if self.local_mode else self.use_gpu,
             collect_all=False,
+            engine_options=options,
         )
-        return config
 
 
-def _require_spark_session() -> None:
-    """Say what to do in this door's words, before the engine would in Runner's."""
-    if active_spark_context() is None:
+def positive_int(name: str, value: Any) -> int:
+    """pyspark's ValueError for a count <= 0; a bool counts as its value, as in pyspark
+    (`numGpus=True` is one process)."""
+    if not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} has to be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _check_task_gpus(num_processes: int) -> None:
+    """On Spark with GPUs: every task needs one GPU (`spark.task.resource.gpu.amount` = 1)."""
+    key = spark_checks.gpu_amount_key()
+    value = active_spark_context().getConf().get(key, "0") or "0"
+    try:
+        amount = float(value)
+    except ValueError:
+        raise RuntimeError(f"'{key}' must be a number of GPUs, got {value!r}") from None
+    if amount < 1:
         raise RuntimeError(
-            "TorchDistributor(local_mode=False) runs its processes as Spark tasks and needs an "
-            "active SparkSession: create one first (SparkSession.builder...getOrCreate()), or "
-            "pass local_mode=True to run them on the driver"
+            f"'{key}' was unset, so gpu usage is unavailable: use_gpu=True (the default) with "
+            f"local_mode=False needs GPU tasks ('{key}'=1 and the executors' GPU resources). "
+            "Pass use_gpu=False to train on CPUs"
         )
-
-
-def _driver_gpus(num_processes: int) -> list[str]:
-    """The driver's GPUs for local mode: Spark's driver GPU resources, else CUDA's own count."""
-    gpus = _spark_driver_gpus()
-    if gpus is None:
-        gpus = environment.local_gpus()
-    if not gpus:
+    if amount > 1:
+        if num_processes % amount:
+            raise RuntimeError(
+                f"TorchDistributor 'num_processes' value ({num_processes}) must be a multiple "
+                f"of '{key}' ({amount:g}) value."
+            )
         raise RuntimeError(
-            "use_gpu=True (the default) but no GPU was found on the driver; pass use_gpu=False "
-            "to train on CPUs"
+            f"'{key}'={amount:g}: pyspark would run {amount:g} processes in each of "
+            f"{num_processes // int(amount)} tasks, but hora runs one rank per Spark task, "
+            f"with its own GPU. Set '{key}' to 1 ({num_processes} tasks of one GPU each)"
         )
-    if num_processes > len(gpus):
-        raise ValueError(
-            f"num_processes={num_processes} with use_gpu=True needs one GPU per process, but the "
-            f"driver has {len(gpus)} ({','.join(gpus)}); lower num_processes or pass use_gpu=False"
-        )
-    return gpus[:num_processes]
 
 
-def _spark_driver_gpus() -> list[str] | None:
+def driver_gpus(resource: str = "gpu") -> list[str]:
+    """The driver's GPUs as CUDA numbers them: with a SparkSession, its driver GPU resources
+    (mapped through CUDA_VISIBLE_DEVICES, as pyspark's doors read them); without one, this
+    machine's. Empty when there are none."""
     sc = active_spark_context()
     if sc is None:
-        return None
-    resources = sc.resources
-    return list(resources["gpu"].addresses) if "gpu" in resources else None
+        return environment.local_gpus()
+    addresses = spark_checks.driver_gpu_addresses(sc, resource)
+    return environment.cuda_devices(addresses) if addresses else []
+
+
+def _require_spark_session(door: str, local_mode: str) -> None:
+    """Say what to do in this door's words (pyspark's class: RuntimeError), in the constructor."""
+    if active_spark_context() is None:
+        raise RuntimeError(
+            f"{door}({local_mode}=False) runs its processes as Spark tasks and needs an active "
+            "SparkSession: create one first (SparkSession.builder...getOrCreate()), or pass "
+            f"{local_mode}=True to run them on the driver"
+        )

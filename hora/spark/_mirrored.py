@@ -1,9 +1,14 @@
 """`MirroredStrategyRunner`: spark-tensorflow-distributor's API on hora's engines.
 
-`run(train_fn, **kwargs)` runs `train_fn` on `num_slots` ranks as one Spark barrier stage (or,
+`run(train_fn, **kwargs)` runs `train_fn` on one rank per Spark task as one barrier stage (or,
 with `local_mode=True`, in one process on the driver) under
 `tf.distribute.MultiWorkerMirroredStrategy().scope()`, and returns rank 0's value. Logs,
-failures, timeouts and GPUs are hora's, as for TorchDistributor jobs.
+failures, timeouts and the TaskContext inside the rank are hora's, as for TorchDistributor jobs.
+
+The original (spark_tensorflow_distributor/mirrored_strategy_runner.py, not installable with
+current pyspark; followed here from its source) is kept: its `sc`, its task count, its GPUs
+(`num_slots` split over the tasks, the first ones one more; mapped through the executor's
+CUDA_VISIBLE_DEVICES; blanked for CPU training), its errors and their moments, its SSL setting.
 """
 
 from __future__ import annotations
@@ -21,19 +26,26 @@ from hora import environment
 from hora.config import RunConfig
 from hora.engines.spark.session import active_spark_context
 from hora.job import launch
-from hora.spark._distributor import _driver_gpus
+from hora.spark._distributor import CUDA_VISIBLE_DEVICES, driver_gpus
 
 __all__ = ["MirroredStrategyRunner"]
+
+#: spark-tensorflow-distributor's opt-in to unencrypted training on a TLS cluster
+TENSORFLOW_IGNORE_SSL = "tensorflow.spark.distributor.ignoreSsl"
 
 
 class MirroredStrategyRunner:
     """spark_tensorflow_distributor.MirroredStrategyRunner's contract on hora.
 
     `num_slots`: GPUs (with `use_gpu`) or CPU tasks to use. `local_mode`: run on the driver in
-    one process (CPU: one slot only, as the original). `use_gpu`: give each task its Spark GPU
-    resources `gpu_resource_name`; the task count is then `ceil(num_slots /
-    spark.task.resource.<name>.amount)`. `use_custom_strategy`: call `train_fn` as it is (it
-    builds its own strategy) instead of inside `MultiWorkerMirroredStrategy().scope()`.
+    one process (CPU: one slot only, as the original). `use_gpu`: give the tasks their Spark GPU
+    resources `gpu_resource_name`: `num_slots` GPUs in all, over `ceil(num_slots /
+    spark.task.resource.<name>.amount)` tasks, the first tasks one more when they do not divide;
+    each rank sees only its own. Without it, ranks see no GPU. `use_custom_strategy`: call
+    `train_fn` as it is (it builds its own strategy) instead of inside
+    `MultiWorkerMirroredStrategy().scope()`. `sc`: the SparkContext (one is started, as the
+    original does, when none is active: in the constructor unless `local_mode`, else when `sc`
+    is first read).
     """
 
     def __init__(
@@ -45,33 +57,47 @@ class MirroredStrategyRunner:
         gpu_resource_name: str = "gpu",
         use_custom_strategy: bool = False,
     ) -> None:
-        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
-            raise ValueError(f"num_slots has to be a positive integer, got {num_slots!r}")
-        self.num_slots = num_slots
+        if not isinstance(num_slots, int) or num_slots <= 0:
+            raise ValueError(
+                f"num_slots is set to {num_slots!r} but cannot be less than or equal to 0."
+            )
+        self.num_slots = int(num_slots)
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)
         self.gpu_resource_name = gpu_resource_name
         self.use_custom_strategy = bool(use_custom_strategy)
-        if self.local_mode and not self.use_gpu and num_slots > 1:
-            raise ValueError(
-                "local_mode=True with use_gpu=False runs one process on the driver: num_slots "
-                f"must be 1, got {num_slots} (use local_mode=False for several CPU tasks)"
-            )
+        self._sc = active_spark_context()
+        self._num_tasks: int | None = None
+        if not self.local_mode:
+            if self._sc is None:  # the original starts its SparkSession here
+                self._sc = _started_spark_context()
+            self._num_tasks = self.get_num_tasks()
+
+    @property
+    def sc(self) -> Any:
+        """The SparkContext the runner runs on (the original's attribute)."""
+        if self._sc is None:
+            self._sc = _started_spark_context()
+        return self._sc
 
     def get_num_tasks(self) -> int:
         """How many Spark tasks: `num_slots` on CPU; on GPU, as many as the slots need."""
         if not self.use_gpu:
             return self.num_slots
         key = f"spark.task.resource.{self.gpu_resource_name}.amount"
-        amount = _spark_conf(key)
+        amount = self.sc.getConf().get(key, None)
         if amount is None:
             raise ValueError(
-                f"use_gpu=True needs {key} in the Spark configuration (GPUs per task); set it, "
-                "or pass use_gpu=False"
+                "Your cluster might not have Spark GPU-aware scheduling enabled: the conf "
+                f"`{key}` was not found in the Spark configuration. Set it (GPUs per task), or "
+                "pass use_gpu=False"
             )
-        per_task = int(float(amount))
+        per_task = int(amount)  # the original's reading: "0.5" is a ValueError too
         if per_task < 1:
-            raise ValueError(f"{key} must be at least 1, got {amount}")
+            raise ValueError(
+                f"The Spark conf `{key}` has a value of {per_task} but it should not have a "
+                "value less than 1."
+            )
         return math.ceil(self.num_slots / per_task)
 
     def run(self, train_fn: Callable[..., Any], **kwargs: Any) -> Any:
@@ -80,30 +106,70 @@ class MirroredStrategyRunner:
             raise TypeError(f"train_fn must be callable, got {type(train_fn).__name__}")
         job = (train_fn, kwargs, self.use_custom_strategy)
         if self.local_mode:
-            env: dict[str, str] = {}
-            if self.use_gpu:
-                env["CUDA_VISIBLE_DEVICES"] = ",".join(_driver_gpus(self.num_slots))
-            config = RunConfig(np=1, backend="local", env=env, collect_all=False)
+            config = RunConfig(
+                np=1,
+                backend="local",
+                env={CUDA_VISIBLE_DEVICES: self._local_gpus()},
+                collect_all=False,
+            )
             return launch(_train, job, {}, config)[0]
-        _require_spark_session()
+        assert self._num_tasks is not None
+        tasks = self._num_tasks
+        counts = None
+        if self.use_gpu:  # the original's split: num_slots // tasks each, the first ones one more
+            counts = [self.num_slots // tasks + (p < self.num_slots % tasks) for p in range(tasks)]
         config = RunConfig(
-            np=self.get_num_tasks(), backend="spark", use_gpu=self.use_gpu, collect_all=False
+            np=tasks,
+            backend="spark",
+            use_gpu=self.use_gpu,
+            env={} if self.use_gpu else {CUDA_VISIBLE_DEVICES: ""},
+            collect_all=False,
+            engine_options={
+                "gpu_resource": self.gpu_resource_name,
+                "task_gpu_counts": counts,
+                "ignore_ssl_key": TENSORFLOW_IGNORE_SSL,
+            },
         )
         return launch(_train, job, {}, config)[0]
 
+    def _local_gpus(self) -> str:
+        """CUDA_VISIBLE_DEVICES of the one local process: `num_slots` of the driver's GPUs
+        (the original samples them at random; hora takes the first), or none on CPU."""
+        if not self.use_gpu:
+            if self.num_slots > 1:
+                raise ValueError(
+                    f"Cannot run with more than one CPU machine in local mode (num_slots="
+                    f"{self.num_slots}): local_mode=True with use_gpu=False runs one process on "
+                    "the driver, so num_slots must be 1 (use local_mode=False for several CPU "
+                    "tasks)"
+                )
+            return ""
+        if self._sc is not None and self.gpu_resource_name not in self._sc.resources:
+            raise ValueError(
+                f"The provided GPU resource name `{self.gpu_resource_name}` was not found in "
+                f"the driver's resources: set spark.driver.resource.{self.gpu_resource_name}"
+                ".amount and its discoveryScript, or pass use_gpu=False"
+            )
+        gpus = driver_gpus(self.gpu_resource_name)
+        if self.num_slots > len(gpus):
+            raise ValueError(
+                f"{self.num_slots} slots were requested for local training with GPU training "
+                f"but only {len(gpus)} GPUs were available."
+            )
+        return ",".join(gpus[: self.num_slots])
 
-def _require_spark_session() -> None:
-    if active_spark_context() is None:
+
+def _started_spark_context() -> Any:
+    """The active SparkContext, or a new session's, as the original's
+    `SparkSession.builder.getOrCreate()`."""
+    try:
+        from pyspark.sql import SparkSession  # only here: local mode never needs pyspark
+    except ImportError:
         raise RuntimeError(
-            "MirroredStrategyRunner(local_mode=False) runs its workers as Spark tasks and needs "
-            "an active SparkSession: create one first (SparkSession.builder...getOrCreate()), "
-            "or pass local_mode=True to run on the driver"
-        )
-
-
-def _spark_conf(key: str) -> str | None:
-    context = active_spark_context()
-    return None if context is None else context.getConf().get(key, None)
+            "MirroredStrategyRunner needs pyspark for Spark tasks (local_mode=False) or its `sc`:"
+            " pip install 'hora[spark]'"
+        ) from None
+    return SparkSession.builder.getOrCreate().sparkContext
 
 
 # ----- inside each rank ---------------------------------------------------------------------------

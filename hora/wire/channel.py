@@ -55,6 +55,12 @@ def new_secret() -> bytes:
     return os.urandom(32)
 
 
+def derived_key(secret: bytes, purpose: bytes) -> bytes:
+    """HMAC(secret, purpose): a key for one purpose, so the run's secret itself never leaves the
+    processes that hold it (nor enters an environment)."""
+    return hmac.new(secret, purpose, hashlib.sha256).digest()
+
+
 def allowed_classes(*classes: type) -> frozenset[AllowedClass]:
     """The allow-list entries of `classes` (a star lists its own message types)."""
     return frozenset((cls.__module__, cls.__qualname__) for cls in classes)

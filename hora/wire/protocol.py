@@ -15,6 +15,8 @@ Who sends what:
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
 - rank supervisor (a Spark task, a Ray actor) <-> its launcher: TaskReady, Output, Exited /
   Go, Refuse, Stop
+- a rank on Spark -> its task's supervisor (pyspark's TaskContext in the rank): TaskCall /
+  TaskReply
 """
 
 from __future__ import annotations
@@ -184,6 +186,7 @@ class Plan(NamedTuple):
     use_gpu: bool
     user_env: dict[str, str]
     cwd: str  # the driver's working folder, used where it exists
+    own_gpus: bool = False  # each rank sees only its own GPUs, not those of its host's ranks
 
 
 class Go(NamedTuple):
@@ -202,6 +205,24 @@ class Refuse(NamedTuple):
 
 class Stop(NamedTuple):
     """Stop the worker and end the task."""
+
+
+# -- a rank <-> its Spark task's supervisor (pyspark's TaskContext inside the rank) ------------
+
+
+class TaskCall(NamedTuple):
+    """A rank asks its Spark task: "snapshot" (the task's fixed values), "allGather",
+    "barrier" or "getLocalProperty", with its one argument."""
+
+    method: str
+    argument: str | None = None
+
+
+class TaskReply(NamedTuple):
+    """The task's answer (plain data), or why the call failed there."""
+
+    value: Any
+    error: str | None = None
 
 
 #: what the job's event queue carries from the launchers and the workers
@@ -225,3 +246,6 @@ ALLOWED = allowed_classes(
     *(Payload, DumpStacks),  # driver -> worker
     *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
 )
+
+#: the only classes a rank and its Spark task's context server exchange
+TASK_CONTEXT_ALLOWED = allowed_classes(TaskCall, TaskReply)

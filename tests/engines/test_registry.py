@@ -34,3 +34,15 @@ def test_bad_backend_or_options_fail_in_the_config_with_what_to_change():
         "num_cpus_per_rank": 1,
         "num_gpus_per_rank": 0,
     }
+
+
+def test_spark_options_are_checked_and_completed_without_pyspark():
+    assert RunConfig(np=2, backend="spark").engine_options == {
+        "gpu_resource": "gpu",
+        "task_gpu_counts": None,
+        "ignore_ssl_key": "pytorch.spark.distributor.ignoreSsl",
+    }
+    with pytest.raises(ValueError, match="task_gpu_counts must be a list of counts >= 0"):
+        RunConfig(np=2, backend="spark", engine_options={"task_gpu_counts": [1, -1]})
+    with pytest.raises(ValueError, match="gpu_resource must be a Spark resource name"):
+        RunConfig(np=2, backend="spark", engine_options={"gpu_resource": ""})

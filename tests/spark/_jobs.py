@@ -74,3 +74,62 @@ def kill_own_spark_task(rank: int) -> None:
 
         os.kill(os.getppid(), signal.SIGKILL)
     time.sleep(3600)
+
+
+def cuda_visible_devices() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def task_context_view() -> dict:
+    """What a rank sees of pyspark's TaskContext, as code written for the originals reads it."""
+    import sys
+
+    imported_before = "pyspark" in sys.modules  # hora must not import pyspark in a rank
+    from pyspark import BarrierTaskContext, TaskContext
+
+    ctx = BarrierTaskContext.get()
+    ctx.barrier()
+    return {
+        "pyspark_imported_by_hora": imported_before,
+        "same_context": TaskContext.get() is ctx,
+        "rank": int(os.environ["RANK"]),
+        "partition": ctx.partitionId(),
+        "attempt": ctx.attemptNumber(),
+        "stage": ctx.stageId(),
+        "task_attempt_id": ctx.taskAttemptId(),
+        "cpus": ctx.cpus(),
+        "resources": {name: info.addresses for name, info in ctx.resources().items()},
+        "task_infos": [info.address for info in ctx.getTaskInfos()],
+        "gathered": ctx.allGather(f"rank {os.environ['RANK']}"),
+        "local_property": ctx.getLocalProperty("hora.test.property"),
+    }
+
+
+def gpus_by_partition() -> list[str]:
+    """spark-tensorflow-distributor's own test idiom: each task's CUDA_VISIBLE_DEVICES and
+    GPU addresses, gathered in partition order through BarrierTaskContext.allGather."""
+    import json
+
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    mine = {
+        "visible": os.environ["CUDA_VISIBLE_DEVICES"],
+        "addresses": ctx.resources()["gpu"].addresses if "gpu" in ctx.resources() else [],
+    }
+    return ctx.allGather(json.dumps(mine))
+
+
+def ddp_training(learning_rate: float) -> str:
+    """pyspark's end-to-end test function: train with DDP, return "success"."""
+    from tests.spark._pyspark_training_file import train
+
+    return train(learning_rate)
+
+
+def pythagoras(leg1: float, leg2: float) -> float:
+    """pyspark's DeepSpeed end-to-end function (it imports deepspeed, as theirs does)."""
+    import deepspeed
+
+    print(deepspeed.__version__)
+    return (leg1 * leg1 + leg2 * leg2) ** 0.5

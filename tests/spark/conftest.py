@@ -6,8 +6,11 @@ Skipped cleanly when pyspark or Java is missing. Every test checks that no hora 
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import shutil
+import stat
 import sys
 import time
 
@@ -44,6 +47,20 @@ def start_spark(master: str, **conf: str):
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def fake_gpus(folder: pathlib.Path, *claims: list[str]) -> str:
+    """A Spark GPU discovery script, as pyspark's own tests fake GPUs: each run hands out the
+    next unclaimed address list of `claims` (one per worker of a local-cluster, or the
+    driver's), as {"name": "gpu", "addresses": [...]}; no CUDA needed."""
+    script = folder / "discover.sh"
+    lines = ["#!/bin/sh"]
+    for i, addresses in enumerate(claims):
+        found = json.dumps({"name": "gpu", "addresses": addresses})
+        lines.append(f"mkdir '{folder}/claimed-{i}' 2>/dev/null && echo '{found}' && exit 0")
+    script.write_text("\n".join([*lines, "exit 1", ""]))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
 
 
 def stop_spark(session) -> None:

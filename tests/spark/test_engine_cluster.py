@@ -1,15 +1,14 @@
 """The Spark engine on `local-cluster[2,1,1024]`: two executor JVMs, each with one (fake) GPU.
 
 The GPUs are Spark resources found by a discovery script that hands each worker its own address;
-no CUDA is needed to check that each rank's CUDA_VISIBLE_DEVICES follows Spark's assignment.
+the executors see CUDA_VISIBLE_DEVICES=5,6,7,8, so address `i` is CUDA device `5 + i` there. No
+CUDA is needed to check that each rank's CUDA_VISIBLE_DEVICES follows Spark's assignment.
 Also the TorchDistributor door (function and script), on this cluster and in local mode.
 """
 
 from __future__ import annotations
 
-import os
 import queue
-import stat
 import textwrap
 import time
 
@@ -24,35 +23,22 @@ from hora.wire import channel as _channel
 from hora.wire.protocol import ALLOWED, EngineFailed, Hello, Refuse, TaskReady
 from tests import _workers
 from tests.spark import _jobs
-from tests.spark.conftest import start_spark, stop_spark
+from tests.spark.conftest import fake_gpus, start_spark, stop_spark
 
 pytestmark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gpus")
-    script = folder / "discover.sh"
-    script.write_text(
-        textwrap.dedent(f"""\
-        #!/bin/sh
-        # each Spark worker that runs this claims the next free fake GPU address
-        for i in 0 1 2 3; do
-          if mkdir "{folder}/claimed-$i" 2>/dev/null; then
-            echo '{{"name": "gpu", "addresses": ["'$i'"]}}'; exit 0
-          fi
-        done
-        exit 1
-        """)
-    )
-    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    script = fake_gpus(tmp_path_factory.mktemp("gpus"), ["0"], ["1"], ["2"], ["3"])
     session = start_spark(
         "local-cluster[2,1,1024]",
         **{
             "spark.worker.resource.gpu.amount": "1",
-            "spark.worker.resource.gpu.discoveryScript": str(script),
+            "spark.worker.resource.gpu.discoveryScript": script,
             "spark.executor.resource.gpu.amount": "1",
             "spark.task.resource.gpu.amount": "1",
+            "spark.executorEnv.CUDA_VISIBLE_DEVICES": "5,6,7,8",
         },
     )
     yield session
@@ -79,16 +65,17 @@ def test_gloo_across_executors(spark):
 def test_each_rank_sees_its_task_gpu_at_local_rank(spark):
     seen = hora.run(_jobs.visible_gpus, np=2, backend="spark")
     lists = [visible.split(",") for visible, _ in seen]
-    assert lists[0] == lists[1] and sorted(lists[0]) == ["0", "1"]  # this job's GPUs on the host
+    assert lists[0] == lists[1] and sorted(lists[0]) == ["5", "6"]  # this job's GPUs on the host
     own = [gpus[int(local_rank)] for gpus, (_, local_rank) in zip(lists, seen, strict=True)]
-    assert sorted(own) == ["0", "1"]  # cuda:LOCAL_RANK is a different GPU for each rank
+    assert sorted(own) == ["5", "6"]  # cuda:LOCAL_RANK is a different GPU for each rank
 
 
-def test_use_gpu_false_leaves_cuda_visible_devices_alone(spark):
+def test_use_gpu_false_hides_the_executor_s_gpus(spark):
+    """As pyspark's tasks do: CPU training on a GPU host sees no GPU (issue 26)."""
     seen = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
         _jobs.visible_gpus
     )
-    assert seen[0] == os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert seen[0] == ""
 
 
 def test_failing_rank_on_another_executor(spark):
@@ -140,11 +127,8 @@ def test_torch_distributor_argument_errors(spark, tmp_path):
     script.write_text("")
     with pytest.raises(ValueError, match="keyword arguments"):
         TorchDistributor(num_processes=1, local_mode=False, use_gpu=False).run(str(script), lr=1)
-    if "CUDA_VISIBLE_DEVICES" not in os.environ:  # a driver without GPUs, as pyspark refuses
-        with pytest.raises(RuntimeError, match="no GPU was found on the driver"):
-            TorchDistributor(num_processes=1, local_mode=True, use_gpu=True).run(
-                _workers.rank_times, 1
-            )
+    with pytest.raises(RuntimeError, match="GPUs were unable to be found on the driver"):
+        TorchDistributor(num_processes=1, local_mode=True, use_gpu=True)  # as pyspark refuses
 
 
 def test_a_rank_is_never_started_twice(spark):

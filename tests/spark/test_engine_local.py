@@ -186,9 +186,9 @@ def test_a_failed_task_is_named_from_spark_s_own_error(spark):
 
 
 def test_use_gpu_without_gpu_tasks_is_refused(spark):
-    from hora.spark import TorchDistributor
+    """The engine's own check (the doors refuse earlier, in their constructors)."""
+    from hora.config import RunConfig
+    from hora.engines.spark.engine import SparkLauncher
 
     with pytest.raises(ValueError, match=r"spark.task.resource.gpu.amount"):
-        TorchDistributor(num_processes=2, local_mode=False, use_gpu=True).run(
-            _workers.rank_times, 1
-        )
+        SparkLauncher(RunConfig(np=2, backend="spark", use_gpu=True))

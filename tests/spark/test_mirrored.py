@@ -50,18 +50,19 @@ def test_too_many_slots_are_refused_before_launch(spark):
     assert not isinstance(info.value, hora.WorkerFailedError), info.value
 
 
-def test_argument_errors():
+def test_argument_errors(spark):
     with pytest.raises(ValueError, match="num_slots"):
         MirroredStrategyRunner(num_slots=0)
-    with pytest.raises(ValueError, match="num_slots must be 1"):
-        MirroredStrategyRunner(num_slots=2, local_mode=True, use_gpu=False)
+    local = MirroredStrategyRunner(num_slots=2, local_mode=True, use_gpu=False)
+    with pytest.raises(ValueError, match="num_slots must be 1"):  # in run, as the original
+        local.run(fail_on_rank_1)
     with pytest.raises(TypeError, match="callable"):
         MirroredStrategyRunner(num_slots=1, use_gpu=False).run("train.py")
 
 
 def test_use_gpu_needs_the_task_gpu_amount(spark):
     with pytest.raises(ValueError, match=r"spark\.task\.resource\.gpu\.amount"):
-        MirroredStrategyRunner(num_slots=2).run(fail_on_rank_1)
+        MirroredStrategyRunner(num_slots=2)  # in the constructor, as the original
 
 
 def _local_train(scale: float) -> tuple:

@@ -6,15 +6,20 @@
 - `checks`: what is checked on the driver before a stage starts (slots, SSL, Python, GPUs).
 - `failures`: a failed stage read back as the task that failed and why.
 - `session`: the active SparkSession, and the one `hora run --backend spark` starts.
+- `options`: the engine's options (GPU resource, GPUs per task, the SSL opt-in setting).
+- `task_context`: pyspark's BarrierTaskContext inside a rank, served by the rank's task.
 """
 
 from hora.engines import Engine
+from hora.engines.spark.options import OPTIONS, check_options
 from hora.engines.spark.session import active_spark_context
 
 ENGINE = Engine(
     name="spark",
     is_active=lambda: active_spark_context() is not None,
     launcher="hora.engines.spark.engine:SparkLauncher",
+    options=OPTIONS,
+    check_options=check_options,
     cli_session="hora.engines.spark.session:cli_session",
     summary="one barrier stage on a SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS)",
 )

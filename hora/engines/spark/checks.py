@@ -11,9 +11,8 @@ import sys
 import time
 from typing import Any
 
-# pyspark's own opt-in (TorchDistributor), honoured so clusters configured for it just work.
-IGNORE_SSL_KEYS = ("spark.hora.ignoreSsl", "pytorch.spark.distributor.ignoreSsl")
-GPU_AMOUNT_KEY = "spark.task.resource.gpu.amount"
+from hora.engines.spark.options import HORA_IGNORE_SSL, TORCH_IGNORE_SSL
+
 # A fresh session's executors may still be registering: wait while none is there yet or their
 # number grew in the last SLOT_SETTLE_SECONDS, at most SLOT_WAIT_SECONDS. A cluster whose slots
 # stay short of np for SLOT_SETTLE_SECONDS is judged as it is.
@@ -61,19 +60,21 @@ def python_for_tasks(sc: Any) -> str | None:
     return sys.executable or None
 
 
-def check_ssl(sc: Any) -> None:
-    """Refuse to train in the clear on a cluster with `spark.ssl.enabled`, unless opted in."""
+def check_ssl(sc: Any, ignore_key: str = TORCH_IGNORE_SSL) -> None:
+    """Refuse to train in the clear on a cluster with `spark.ssl.enabled`, unless opted in with
+    hora's setting or `ignore_key` (the door's original's: pyspark's TorchDistributor's, its
+    DeepSpeed door's, spark-tensorflow-distributor's)."""
     if not _true(sc, "spark.ssl.enabled"):
         return
-    if any(_true(sc, key) for key in IGNORE_SSL_KEYS):
+    if _true(sc, HORA_IGNORE_SSL) or _true(sc, ignore_key):
         return
     raise RuntimeError(
-        "This Spark cluster has TLS enabled (spark.ssl.enabled=true), but hora's training "
-        "traffic is not encrypted: the driver channel is authenticated (HMAC) but sent in the "
-        "clear, and torch.distributed (gloo/NCCL) exchanges tensors unencrypted. To run anyway, "
-        f"set '{IGNORE_SSL_KEYS[0]}' (or pyspark's '{IGNORE_SSL_KEYS[1]}') to 'true' in the "
-        "Spark configuration; model parameters and possibly data will then cross the network "
-        "unencrypted."
+        "This Spark cluster has TLS encryption enabled (spark.ssl.enabled=true), but hora does "
+        "not support data encryption in transit: its training traffic is not encrypted (the "
+        "driver channel is authenticated (HMAC) but sent in the clear, and torch.distributed "
+        "exchanges tensors unencrypted). To run anyway, set "
+        f"'{HORA_IGNORE_SSL}' (or '{ignore_key}') to 'true' in the Spark configuration; model "
+        "parameters and possibly data will then cross the network unencrypted."
     )
 
 
@@ -90,25 +91,36 @@ def check_dynamic_allocation(sc: Any) -> None:
     )
 
 
-def task_gpu_amount(sc: Any) -> float:
+def gpu_amount_key(resource: str = "gpu") -> str:
+    return f"spark.task.resource.{resource}.amount"
+
+
+def task_gpu_amount(sc: Any, resource: str = "gpu") -> float:
     try:
-        return float(_conf(sc, GPU_AMOUNT_KEY, "0"))
+        return float(_conf(sc, gpu_amount_key(resource), "0"))
     except ValueError:
         return 0.0
 
 
-def resolve_use_gpu(sc: Any, use_gpu: bool | None) -> bool:
+def resolve_use_gpu(sc: Any, use_gpu: bool | None, resource: str = "gpu") -> bool:
     """`None` means: pin GPUs when tasks are given GPUs. `True` without GPU tasks is an error."""
-    amount = task_gpu_amount(sc)
+    amount = task_gpu_amount(sc, resource)
     if use_gpu and amount <= 0:
         raise ValueError(
-            f"use_gpu=True but '{GPU_AMOUNT_KEY}' is not set, so Spark gives tasks no GPUs. Set "
-            f"it (for example to 1) with the executors' GPU resources, or pass use_gpu=False."
+            f"use_gpu=True but '{gpu_amount_key(resource)}' is not set, so Spark gives tasks no "
+            "GPUs. Set it (for example to 1) with the executors' GPU resources, or pass "
+            "use_gpu=False."
         )
     return amount > 0 if use_gpu is None else bool(use_gpu)
 
 
-def concurrent_slots(sc: Any) -> int:
+def driver_gpu_addresses(sc: Any, resource: str = "gpu") -> list[str] | None:
+    """The driver's GPU resource addresses as Spark discovered them; None if it has none."""
+    resources = sc.resources
+    return list(resources[resource].addresses) if resource in resources else None
+
+
+def concurrent_slots(sc: Any, resource: str = "gpu") -> int:
     """How many tasks of the default resource profile the cluster can run at once right now.
 
     Spark's own count (cores and custom resources such as GPUs), the one it checks barrier
@@ -117,16 +129,20 @@ def concurrent_slots(sc: Any) -> int:
     jsc = sc._jsc.sc()
     profile = jsc.resourceProfileManager().defaultResourceProfile()
     slots = int(jsc.maxNumConcurrentTasks(profile))
-    gpus_per_task = task_gpu_amount(sc)
+    gpus_per_task = task_gpu_amount(sc, resource)
     if is_local_master(sc) and gpus_per_task > 0:
         # Local mode counts cores only; its tasks can only get the driver's own GPUs.
-        driver_gpus = len(sc.resources["gpu"].addresses) if "gpu" in sc.resources else 0
+        driver_gpus = len(driver_gpu_addresses(sc, resource) or [])
         slots = min(slots, int(driver_gpus // gpus_per_task))
     return slots
 
 
 def check_slots(
-    sc: Any, np: int, wait: float = SLOT_WAIT_SECONDS, settle: float | None = SLOT_SETTLE_SECONDS
+    sc: Any,
+    np: int,
+    wait: float = SLOT_WAIT_SECONDS,
+    settle: float | None = SLOT_SETTLE_SECONDS,
+    resource: str = "gpu",
 ) -> int:
     """Return the slot count, or raise ValueError if `np` tasks cannot run together.
 
@@ -135,7 +151,7 @@ def check_slots(
     `settle=None` waits the whole `wait` (a restart, while a lost executor is replaced).
     """
     start = time.monotonic()
-    slots = concurrent_slots(sc)
+    slots = concurrent_slots(sc, resource)
     changed = start
     while slots < np and not is_local_master(sc):
         now = time.monotonic()
@@ -143,31 +159,32 @@ def check_slots(
         if now - start > wait or steady:
             break
         time.sleep(0.2)
-        latest = concurrent_slots(sc)
+        latest = concurrent_slots(sc, resource)
         if latest != slots:
             slots, changed = latest, time.monotonic()
     if slots >= np:
         return slots
     raise ValueError(
-        f"np={np} needs {np} Spark task slots at once, but {describe_slots(sc, slots)}"
+        f"np={np} needs {np} Spark task slots at once, but {describe_slots(sc, slots, resource)}"
     )
 
 
-def describe_slots(sc: Any, slots: int) -> str:
+def describe_slots(sc: Any, slots: int, resource: str = "gpu") -> str:
     cpus = _conf(sc, "spark.task.cpus", "1")
-    gpus = task_gpu_amount(sc)
-    gpu_note = f", {GPU_AMOUNT_KEY}={gpus:g}" if gpus > 0 else ""
+    gpus = task_gpu_amount(sc, resource)
+    amount_key = gpu_amount_key(resource)
+    gpu_note = f", {amount_key}={gpus:g}" if gpus > 0 else ""
     if is_local_master(sc):
         if gpus > 0:
-            have = len(sc.resources["gpu"].addresses) if "gpu" in sc.resources else 0
+            have = len(driver_gpu_addresses(sc, resource) or [])
             return (
                 f"this SparkSession (master {sc.master}{gpu_note}) has {slots}: local mode runs "
                 f"tasks on the driver, which has {have} GPU(s) for tasks that each ask for "
                 f"{gpus:g}. "
                 + _remedy(
                     slots,
-                    "give the driver GPUs (spark.driver.resource.gpu.amount and its "
-                    f"discoveryScript), or unset {GPU_AMOUNT_KEY}.",
+                    f"give the driver GPUs (spark.driver.resource.{resource}.amount and its "
+                    f"discoveryScript), or unset {amount_key}.",
                 )
             )
         return (

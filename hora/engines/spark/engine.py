@@ -72,16 +72,21 @@ class SparkLauncher(Launcher):
                 "one first (SparkSession.builder...getOrCreate()), or run on this machine with "
                 "Runner(np=-N) / backend='local'"
             )
-        _spark_checks.check_ssl(sc)
+        options = config.engine_options
+        resource = options["gpu_resource"]
+        _spark_checks.check_ssl(sc, options["ignore_ssl_key"])
         _spark_checks.check_dynamic_allocation(sc)
-        self.use_gpu = _spark_checks.resolve_use_gpu(sc, config.use_gpu)
+        self.use_gpu = _spark_checks.resolve_use_gpu(sc, config.use_gpu, resource)
+        self.gpu_resource = resource if self.use_gpu else None
+        self.gpu_counts = _gpu_counts(options["task_gpu_counts"], config.np)
         self.python = _spark_checks.python_for_tasks(sc)
         if restart:  # a lost executor is being replaced: wait for it, up to start_timeout
-            _spark_checks.check_slots(sc, config.np, wait=config.start_timeout, settle=None)
-        else:
             _spark_checks.check_slots(
-                sc, config.np, wait=min(config.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
+                sc, config.np, wait=config.start_timeout, settle=None, resource=resource
             )
+        else:
+            wait = min(config.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
+            _spark_checks.check_slots(sc, config.np, wait=wait, resource=resource)
         self.sc = sc
         self.channel_host = sc.getConf().get("spark.driver.host") or "127.0.0.1"
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
@@ -110,6 +115,7 @@ class SparkLauncher(Launcher):
             worker_address=ctx.address,
             secret=ctx.secret,
             sys_path=tuple(environment.driver_sys_path()),
+            gpu_resource=self.gpu_resource,
         )
         relay = threading.Thread(target=self._relay, name="hora-spark-relay", daemon=True)
         relay.start()
@@ -206,12 +212,19 @@ class SparkLauncher(Launcher):
         order = environment.host_order([self._tasks[t]["host"] for t in range(self._np)])
         self._rank_of = {task: rank for rank, task in enumerate(order)}
         self._planned = True
+        ranks = [self._tasks[task] for task in order]
+        if self.gpu_counts is not None:  # each rank gets the first GPUs of its task, only those
+            ranks = [
+                {**r, "gpus": r["gpus"][: self.gpu_counts[task]]}
+                for r, task in zip(ranks, order, strict=True)
+            ]
         plan = Plan(
-            ranks=[self._tasks[task] for task in order],
+            ranks=ranks,
             master=self._master,
             use_gpu=self.use_gpu,
             user_env=dict(self._ctx.env) if self._ctx else {},
             cwd=os.getcwd(),
+            own_gpus=self.gpu_counts is not None,
         )
         for rank, task in enumerate(order):
             conn = self._supervisors[task]
@@ -264,6 +277,12 @@ class SparkLauncher(Launcher):
             thread.join(timeout=5)
         self._threads = []
         self._store = None
+
+
+def _gpu_counts(counts: list[int] | None, np: int) -> list[int] | None:
+    if counts is not None and len(counts) != np:
+        raise ValueError(f"task_gpu_counts needs one count per task ({np}), got {counts!r}")
+    return counts
 
 
 @contextlib.contextmanager
