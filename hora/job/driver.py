@@ -94,6 +94,12 @@ class Job:
                     if self.failed:
                         raise _after_failures(error, self.failed) from None
                     raise
+                except (ValueError, RuntimeError) as error:
+                    # A restart the engine refuses (its slots are gone with a host): say what the
+                    # restart was for, in the error's own class.
+                    if self.failed and type(error) in (ValueError, RuntimeError):
+                        raise type(error)(_with_earlier(str(error), self.failed)) from error
+                    raise
                 return [_loads(results.get(r)) for r in range(config.np)]
         finally:
             timeline.close()
@@ -166,6 +172,11 @@ def _indented_story(error: HoraError) -> str:
     if not rest:
         return first
     return first + "\n" + "\n".join(f"    {line}" if line else "" for line in rest.split("\n"))
+
+
+def _with_earlier(text: str, failed: list[WorkerFailedError]) -> str:
+    earlier = "\n".join(f"attempt {i + 1}: {_indented_story(e)}" for i, e in enumerate(failed))
+    return f"{text}\n\nThe restart was for what failed before:\n{earlier}"
 
 
 def _after_failures(error: RunTimeoutError, failed: list[WorkerFailedError]) -> RunTimeoutError:

@@ -41,14 +41,6 @@ def test_training_over_two_ray_nodes_equals_one_process(cluster):
     assert_trained_like_one_process(results)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23: hora does not detect a silent peer; whatever times out first reports "
-    "it, and names no host: gloo's 30 s timeout on a rank left ('rank 3 failed: "
-    "HorovodInternalError: allreduce failed: ... Timed out waiting 30000ms', 34 s after the "
-    "cut), or Ray declaring the node dead ('the Ray actor of rank 0 failed: its Ray actor died "
-    "before its worker exited (node lost, or actor killed)', 63 to 65 s after)",
-)
 def test_a_host_cut_off_mid_collective_is_reported_within_60s_naming_it(cluster, tmp_path):
     cut = cut_off_mid_collective(cluster, tmp_path, "ray", NP)
     note(f"ray cut-off: {cut}")

@@ -135,27 +135,12 @@ def test_a_vanished_host_without_enough_slots_left_fails_saying_so(vanished_with
     assert re.search(r"hora: attempt 1 of 2 failed: rank \d+ failed", said), said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23: neither the error nor hora's 'attempt 1 failed' line says which host was "
-    "lost: 'rank 1 failed: its Spark task ended before its worker exited (executor lost, or "
-    "task killed)', then only the restart's slot count",
-)
 def test_a_vanished_host_without_enough_slots_left_names_the_host(vanished_without_slots):
     told = vanished_without_slots["error"] + vanished_without_slots["said"]
     host, address = vanished_without_slots["host"], vanished_without_slots["address"]
     assert re.search(rf"\b({host}|{re.escape(address)})\b", told), told
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23: hora does not detect a silent peer; whatever times out first reports "
-    "it, never within 60 s with the host named: gloo's 30 s timeout where a rank left was in a "
-    "transfer with the cut host ('rank 0 failed: HorovodInternalError: allreduce failed: ... "
-    "Timed out waiting 30000ms for recv', 35 s after the cut, no host), else the stall shutdown "
-    "(600 s by default, 65 s here), else Spark's master declaring the worker lost ('Spark task "
-    "3 on host 10.213.57.3 (rank 3) failed: ... worker lost', 63 to 152 s after the cut)",
-)
 def test_a_host_cut_off_mid_collective_is_reported_within_60s_naming_it(cluster, tmp_path):
     cut = cut_off_mid_collective(cluster, tmp_path, "spark", NP)
     note(f"spark cut-off: {cut}")

@@ -238,11 +238,14 @@ class SparkLauncher(Launcher):
             return
         if not self._planned:  # no rank started: another task failed, and the stage says which
             return
+        task = next((t for t, r in self._rank_of.items() if r == rank), rank)
+        host = self._tasks.get(task, {}).get("host")
         self._report(
             EngineFailed(
                 rank,
                 "its Spark task ended before its worker exited (executor lost, or task killed)",
                 "",
+                f"rank {rank} failed on host {host}" if host else "",
             )
         )
 
