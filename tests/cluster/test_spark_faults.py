@@ -61,7 +61,7 @@ def test_a_killed_executor_jvm_restarts_the_job(cluster, tmp_path, capfd):
     assert_trained_like_one_process(results)
     out, err = capfd.readouterr()
     assert "killing executor JVM" in out
-    lost = r"hora: attempt 1 of 2 failed: rank \d+ failed: its Spark task ended"
+    lost = r"hora: attempt 1 of 2 failed: rank \d+ failed on host \S+: its Spark task ended"
     assert re.search(lost, err), err  # rank 1, or the rank sharing its executor
     assert "hora: attempt 2 of 2 starting" in err, err
 
