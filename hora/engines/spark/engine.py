@@ -240,12 +240,13 @@ class SparkLauncher(Launcher):
             return
         task = next((t for t, r in self._rank_of.items() if r == rank), rank)
         host = self._tasks.get(task, {}).get("host")
+        several = len({info.get("host") for info in self._tasks.values()}) > 1
         self._report(
             EngineFailed(
                 rank,
                 "its Spark task ended before its worker exited (executor lost, or task killed)",
                 "",
-                f"rank {rank} failed on host {host}" if host else "",
+                f"rank {rank} failed on host {host}" if host and several else "",
             )
         )
 
