@@ -9,7 +9,10 @@ both. Like is compared with like (all with Sum):
 
 Both ranks share this host, so hora's allreduce goes through shared memory while raw
 torch.distributed goes through gloo's loopback TCP: the default run measures what a user on one
-machine gets. `--no-shm` (HORA_SHM=0) puts hora on gloo too, as between hosts; what remains
+machine gets. Beside them, in the same rounds, the memory limit of this host for the same job
+(`MemoryLimit`): both ranks at once doing only the memory traffic that a shared-memory allreduce
+cannot avoid, with plain torch ops and no synchronisation; hora's in-place GB/s is printed as a
+fraction of it. `--no-shm` (HORA_SHM=0) puts hora on gloo too, as between hosts; what remains
 between the two of a pair is then hora's own cost: name matching with the coordinator, the engine
 thread, the hand-off. Throughput is algorithm bandwidth: tensor bytes / seconds per call.
 `--gc-freeze` moves the objects made so far out of the collector's sight in this bench's
@@ -33,6 +36,9 @@ os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 import hora
 
 
+LIMIT = "memory limit"
+
+
 def _calls_for(nbytes: int) -> int:
     """Enough calls per timed round to last a few hundred milliseconds, so that one scheduling
     hiccup of a 2-core host does not decide a round."""
@@ -45,6 +51,54 @@ def _raw_out_of_place(t: object) -> object:
     out = t.clone()  # type: ignore[attr-defined]
     dist.all_reduce(out)
     return out
+
+
+class MemoryLimit:
+    """The memory traffic a shared-memory allreduce of `x` cannot avoid, without its barriers.
+
+    Rank r reduces share r of the tensor (1/size of it). It reads its input: the shares the
+    others reduce are copied into its slot of a segment every rank maps (they cannot read its
+    private memory), share r is read by the reduction; the reduction also reads share r of every
+    other rank's slot and writes the sum into the segment's result; then the whole result is
+    copied out. For 2 ranks that is, per rank, the tensor's bytes N read and N/2 written
+    (publishing), N read and N/2 written (reducing), N read and N written (copying out).
+    Nothing waits for the peer, so the values are garbage; the traffic is not.
+    """
+
+    def __init__(self, x: Any, rank: int, size: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        n = x.numel()
+        name = [f"/dev/shm/hora-bench-{os.getpid()}-{n}"]
+        dist.broadcast_object_list(name, src=0)
+        whole = None
+        for turn in (0, 1):  # rank 0 makes the file, then the others map it
+            if (rank == 0) == (turn == 0):  # size slots of the tensor's size, then the result
+                whole = torch.from_file(name[0], shared=True, size=(size + 1) * n, dtype=x.dtype)
+            dist.barrier()
+        if rank == 0:
+            os.unlink(name[0])
+        self.x, self.rank = x, rank
+        self.out = torch.empty_like(x)  # not x: its values stay finite
+        self.slots = list(whole[: size * n].view(size, n))
+        self.result = whole[size * n :]
+        bounds = [n * k // size for k in range(size + 1)]
+        self.shares = list(zip(bounds[:-1], bounds[1:], strict=True))
+
+    def __call__(self) -> None:
+        import torch
+
+        x, mine = self.x, self.shares[self.rank]
+        for k, (lo, hi) in enumerate(self.shares):
+            if k != self.rank:
+                self.slots[self.rank][lo:hi].copy_(x[lo:hi])
+        lo, hi = mine
+        peers = [s[lo:hi] for k, s in enumerate(self.slots) if k != self.rank]
+        torch.add(x[lo:hi], peers[0], out=self.result[lo:hi])
+        for other in peers[1:]:
+            self.result[lo:hi].add_(other)
+        self.out.copy_(self.result)
 
 
 def _fusion(
@@ -119,6 +173,7 @@ def worker(
         t = torch.ones(n)
         calls = _calls_for(n * 4)
         sides = {
+            LIMIT: MemoryLimit(torch.ones(n), hvd.rank(), hvd.size()),
             "raw in place": lambda t=t: dist.all_reduce(t),
             "hvd.allreduce_": lambda t=t: hvd.allreduce_(t, op=hvd.Sum, name="bench_"),
             "raw clone+all_reduce": lambda t=t: _raw_out_of_place(t),
@@ -166,17 +221,24 @@ def main() -> None:
     ]
     print(
         f"{'size':>7} {'pair':>13} {'raw GB/s':>9} {'hvd GB/s':>9} {'ratio':>6} {'ratio range':>12}"
+        f" {'limit GB/s':>10} {'of limit':>8}"
     )
     fusion = results.pop("fusion")
     for mb, times in results.items():
+        limit = mb / 1024 / statistics.median(times[LIMIT])
         for label, raw_key, hvd_key in pairs:
             raw = mb / 1024 / statistics.median(times[raw_key])
             hvd = mb / 1024 / statistics.median(times[hvd_key])
             per_round = [r / h for r, h in zip(times[raw_key], times[hvd_key], strict=True)]
             print(
                 f"{mb:>5g}MB {label:>13} {raw:>9.2f} {hvd:>9.2f} {hvd / raw:>5.2f}x "
-                f"{min(per_round):>5.2f}-{max(per_round):.2f}x"
+                f"{min(per_round):>5.2f}-{max(per_round):.2f}x {limit:>10.2f} {hvd / limit:>7.2f}x"
             )
+        of_limit = [m / h for m, h in zip(times[LIMIT], times["hvd.allreduce_"], strict=True)]
+        print(
+            f"{'':>7} {'':>13} in place / limit per round: "
+            f"{min(of_limit):.2f}-{max(of_limit):.2f}x"
+        )
     print("\n200 x 4 KB allreduces (ms per batch of 200: median of the rounds' medians, range)")
     for key, v in fusion.items():
         med, lo, hi = (1e3 * f(v) for f in (statistics.median, min, max))
