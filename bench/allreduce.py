@@ -25,6 +25,7 @@ processes (the library never touches interpreter settings).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import time
@@ -34,7 +35,6 @@ os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import hora
-
 
 LIMIT = "memory limit"
 
@@ -56,13 +56,13 @@ def _raw_out_of_place(t: object) -> object:
 class MemoryLimit:
     """The memory traffic a shared-memory allreduce of `x` cannot avoid, without its barriers.
 
-    Rank r reduces share r of the tensor (1/size of it). It reads its input: the shares the
-    others reduce are copied into its slot of a segment every rank maps (they cannot read its
-    private memory), share r is read by the reduction; the reduction also reads share r of every
-    other rank's slot and writes the sum into the segment's result; then the whole result is
-    copied out. For 2 ranks that is, per rank, the tensor's bytes N read and N/2 written
-    (publishing), N read and N/2 written (reducing), N read and N written (copying out).
-    Nothing waits for the peer, so the values are garbage; the traffic is not.
+    Rank r reduces share r (1/size of the tensor). It must read its input (the others' shares
+    to hand them over, share r to reduce it), read share r of every other rank's input, write
+    its share of the sum, and copy the whole result out. Handing a share over is a copy into a
+    segment every rank maps: no process can read another's private tensor. For 2 ranks, with
+    N the tensor's bytes, that is per rank: N/2 read and N/2 written (handing over), N read and
+    N/2 written (reducing), N read and N written (copying out), here as plain torch ops on
+    whole shares. Nothing waits for the peer, so the values are garbage; the traffic is not.
     """
 
     def __init__(self, x: Any, rank: int, size: int) -> None:
@@ -84,7 +84,7 @@ class MemoryLimit:
         self.slots = list(whole[: size * n].view(size, n))
         self.result = whole[size * n :]
         bounds = [n * k // size for k in range(size + 1)]
-        self.shares = list(zip(bounds[:-1], bounds[1:], strict=True))
+        self.shares = list(itertools.pairwise(bounds))
 
     def __call__(self) -> None:
         import torch
@@ -220,8 +220,8 @@ def main() -> None:
         ("out of place", "raw clone+all_reduce", "hvd.allreduce"),
     ]
     print(
-        f"{'size':>7} {'pair':>13} {'raw GB/s':>9} {'hvd GB/s':>9} {'ratio':>6} {'ratio range':>12}"
-        f" {'limit GB/s':>10} {'of limit':>8}"
+        f"{'size':>7} {'pair':>13} {'raw GB/s':>9} {'hvd GB/s':>9} {'hvd us':>9} {'ratio':>6}"
+        f" {'ratio range':>12} {'of limit':>8}"
     )
     fusion = results.pop("fusion")
     for mb, times in results.items():
@@ -231,13 +231,14 @@ def main() -> None:
             hvd = mb / 1024 / statistics.median(times[hvd_key])
             per_round = [r / h for r, h in zip(times[raw_key], times[hvd_key], strict=True)]
             print(
-                f"{mb:>5g}MB {label:>13} {raw:>9.2f} {hvd:>9.2f} {hvd / raw:>5.2f}x "
-                f"{min(per_round):>5.2f}-{max(per_round):.2f}x {limit:>10.2f} {hvd / limit:>7.2f}x"
+                f"{mb:>5g}MB {label:>13} {raw:>9.2f} {hvd:>9.2f} "
+                f"{1e6 * statistics.median(times[hvd_key]):>9.1f} {hvd / raw:>5.2f}x "
+                f"{min(per_round):>5.2f}-{max(per_round):.2f}x {hvd / limit:>7.2f}x"
             )
         of_limit = [m / h for m, h in zip(times[LIMIT], times["hvd.allreduce_"], strict=True)]
         print(
-            f"{'':>7} {'':>13} in place / limit per round: "
-            f"{min(of_limit):.2f}-{max(of_limit):.2f}x"
+            f"{'':>7} {'memory limit':>13} {limit:>9.2f} GB/s; in place / limit per round: "
+            f"median {statistics.median(of_limit):.2f}x, {min(of_limit):.2f}-{max(of_limit):.2f}x"
         )
     print("\n200 x 4 KB allreduces (ms per batch of 200: median of the rounds' medians, range)")
     for key, v in fusion.items():
