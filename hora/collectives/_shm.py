@@ -1,11 +1,14 @@
 """Allreduce among the ranks of one host through shared memory instead of gloo's TCP loopback.
 
 gloo moves a same-host allreduce through loopback TCP: on a 2-core host 1 MB takes about 2 ms.
-Here every rank copies its chunk into its own slot of one shared segment, the ranks meet at a
-barrier (one byte to and from each peer over authenticated Unix sockets), and every rank reduces
-all slots itself, in rank order, so that every rank gets bitwise the same result. The segment has
-two halves used in turn: a rank writes half h again only after the next barrier, which every
-peer enters only once it has finished reading h. Buffers larger than a slot go through in chunks.
+Here the ranks exchange their data through one shared segment and meet at barriers (one byte to
+and from each peer over authenticated Unix sockets). Small buffers are reduced whole by every
+rank; larger ones as a pipelined reduce-scatter and allgather, each rank reducing its share
+(`LocalReducer` says how, and why every rank gets bitwise the same result either way).
+
+For a hierarchical allreduce across hosts, `LocalReducer.allreduce(..., between=)` hands each
+piece of this rank's share, reduced within the host, to the caller before the others copy it
+(where it would be reduced across hosts), and `shares` says which range of the buffer that is.
 
 Used for CPU tensors of the global process set when every rank is on this host (a single
 machine, or `local[N]`-style runs); anything else, and `HORA_SHM=0`, keeps gloo. The segment is
@@ -92,8 +95,8 @@ class LocalReducer:
         # (half, layout) -> views of this rank's slot shaped like a bucket's tensors
         self._views: dict[tuple[int, Any], list[torch.Tensor]] = {}
 
-    def _half(self, dtype: torch.dtype) -> list[torch.Tensor]:
-        """The next step's half of the segment: every rank's slot, viewed as `dtype`."""
+    def _half(self, dtype: torch.dtype) -> tuple[int, list[torch.Tensor]]:
+        """The next step's half of the segment, and every rank's slot in it viewed as `dtype`."""
         half = self._steps % 2
         self._steps += 1
         slots = self._slots.get((half, dtype))
@@ -103,7 +106,7 @@ class LocalReducer:
                 self._bytes[k * SLOT_BYTES : (k + 1) * SLOT_BYTES].view(dtype)
                 for k in range(first, first + self._size)
             ]
-        return slots
+        return half, slots
 
     def _barrier(self) -> None:
         for peer in self._peers:
@@ -137,7 +140,7 @@ class LocalReducer:
         it: what a hierarchical allreduce would do there is reduce it across hosts."""
         src, dst = src.view(-1), dst.view(-1)
         if self.fits(src.nbytes) and src.nbytes * (self._size - 1) <= WHOLE_BYTES and not between:
-            slots = self._half(src.dtype)
+            _, slots = self._half(src.dtype)
             slots[self._index][: src.numel()].copy_(src)
             self._reduce_whole(slots, dst, op, scale)
             return
@@ -188,8 +191,7 @@ class LocalReducer:
 
     def _pieces(self, dtype: torch.dtype, piece: int) -> list[list[torch.Tensor]]:
         """The next step's half of the segment as pieces: [rank][share], `piece` elements each."""
-        half = self._steps % 2
-        slots = self._half(dtype)
+        half, slots = self._half(dtype)
         key = (half, dtype, piece)
         found = self._piece_views.get(key)
         if found is None:
@@ -217,8 +219,7 @@ class LocalReducer:
         """Reduce `tensors` (one dtype, `fits` their bytes) into the flat `out`, times `scale`:
         they are copied straight into this rank's slot (views made once per layout and half),
         which saves the copy into a fusion buffer and from there into the slot."""
-        half = self._steps % 2
-        slots = self._half(out.dtype)
+        half, slots = self._half(out.dtype)
         views = self._views.get((half, layout))
         if views is None:
             if len(self._views) >= 2 * MAX_LAYOUTS:
