@@ -37,6 +37,7 @@ from hora.wire import channel as wire
 SLOT_BYTES = 4 << 20  # per rank and half: 2 ranks map 16 MB in all
 PIECE_BYTES = 512 << 10  # of a share per step: small enough to be read back from cache
 WHOLE_BYTES = 4 << 20  # operand bytes up to which every rank reduces all of a buffer itself
+GRAIN = 32768  # elements torch gives one intra-op thread at least: a piece feeds them all
 ALIGN_BYTES = 64  # shares start on cache lines: ranks writing neighbouring shares never share one
 MAX_LAYOUTS = 64  # bucket layouts whose slot views are kept, per half
 MESH_TIMEOUT_S = 10.0  # for connecting: every rank is alive (they just met in a gloo collective)
@@ -56,6 +57,19 @@ def shares(numel: int, itemsize: int, size: int) -> list[tuple[int, int]]:
     align = max(1, ALIGN_BYTES // itemsize)
     bounds = [numel * k // size // align * align for k in range(size)] + [numel]
     return list(itertools.pairwise(bounds))
+
+
+def whole_bytes(size: int) -> int:
+    """The largest buffer every rank of `size` reduces whole: one slot, and the reduction each
+    rank repeats (size - 1 operands) under WHOLE_BYTES."""
+    return min(SLOT_BYTES, WHOLE_BYTES // max(size - 1, 1))
+
+
+def piece_elements(itemsize: int, size: int) -> int:
+    """How much of each share goes through per step: PIECE_BYTES, or a grain for every
+    intra-op thread (this rank's torch threads), as long as every share's piece fits a slot."""
+    piece = max(PIECE_BYTES, torch.get_num_threads() * GRAIN * itemsize)
+    return min(piece, SLOT_BYTES // size) // ALIGN_BYTES * ALIGN_BYTES // itemsize
 
 
 class LocalReducer:
@@ -139,13 +153,12 @@ class LocalReducer:
         this rank's share (`shares`) once it is reduced, before it is scaled and the others copy
         it: what a hierarchical allreduce would do there is reduce it across hosts."""
         src, dst = src.view(-1), dst.view(-1)
-        if self.fits(src.nbytes) and src.nbytes * (self._size - 1) <= WHOLE_BYTES and not between:
+        if src.nbytes <= whole_bytes(self._size) and not between:
             _, slots = self._half(src.dtype)
             slots[self._index][: src.numel()].copy_(src)
             self._reduce_whole(slots, dst, op, scale)
             return
-        piece = min(PIECE_BYTES, SLOT_BYTES // self._size) // ALIGN_BYTES * ALIGN_BYTES
-        piece //= src.element_size()
+        piece = piece_elements(src.element_size(), self._size)
         # every share cut into pieces, all views made by one split: [share][step]
         lengths = [
             [min(piece, hi - at) for at in range(lo, hi, piece)]

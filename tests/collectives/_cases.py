@@ -179,11 +179,10 @@ def inputs(count: int, dt: torch.dtype, n: int, seed: int) -> list[torch.Tensor]
 
 def boundary_counts(n: int, itemsize: int) -> list[int]:
     """Element counts around the shared-memory path's seams: the largest buffer reduced whole
-    and the next, and just below and above a step boundary of the pipeline (odd, and so is
-    one share longer than the others by a piece of one element)."""
-    whole = min(_shm.SLOT_BYTES, _shm.WHOLE_BYTES // max(n - 1, 1)) // itemsize
-    piece = min(_shm.PIECE_BYTES, _shm.SLOT_BYTES // n) // _shm.ALIGN_BYTES * _shm.ALIGN_BYTES
-    step = n * piece // itemsize
+    and the next, and one below and one above a whole number of pipeline steps (the last share
+    then ends a piece short of one element, or has one more piece, of one element)."""
+    whole = _shm.whole_bytes(n) // itemsize
+    step = n * _shm.piece_elements(itemsize, n)
     steps = whole // step + 1
     return [whole, whole + 1, steps * step - 1, steps * step + 1]
 
