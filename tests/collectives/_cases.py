@@ -169,10 +169,11 @@ def inputs(count: int, dt: torch.dtype, n: int, seed: int) -> list[torch.Tensor]
     for k in range(n):
         g = torch.Generator(device="cpu").manual_seed(seed + k)
         if dt.is_floating_point:
-            x = torch.randn(count, generator=g) * 4
+            x = torch.randn(count, generator=g, device="cpu") * 4
         else:
             low = 0 if dt in (torch.uint8, torch.bool) else -3
-            x = torch.randint(low, 2 if dt == torch.bool else 4, (count,), generator=g)
+            high = 2 if dt == torch.bool else 4
+            x = torch.randint(low, high, (count,), generator=g, device="cpu")
         out.append(x.to(dt))
     return out
 
@@ -188,11 +189,15 @@ def boundary_counts(n: int, itemsize: int) -> list[int]:
 
 
 def same_result(got: torch.Tensor, want: torch.Tensor, exact: bool, what: object) -> None:
-    """Bitwise where every rank reduces in rank order (CPU), else within rounding."""
+    """Bitwise where every rank reduces in rank order (CPU), else within a few roundings of
+    the dtype (NCCL sums half precision as it is, in its own order)."""
+    assert got.dtype == want.dtype, (what, got.dtype)
     if exact or not want.is_floating_point():
-        assert got.dtype == want.dtype and torch.equal(got, want), what
+        assert torch.equal(got, want), what
     else:
-        close(got, want)
+        tol = 16 * torch.finfo(want.dtype).eps
+        scale = float(want.abs().max()) if want.numel() else 0.0
+        assert torch.allclose(got.double(), want.double(), rtol=tol, atol=tol * scale), what
 
 
 @case
@@ -240,7 +245,7 @@ def shared_memory_between_hook(r: int, n: int) -> None:
     """The reducer's hook for a hierarchical allreduce sees each piece of this rank's share
     once, reduced within the host, before it is scaled and gathered."""
     local = _state.get().groups[0].local
-    if local is None:  # HORA_SHM=0, or the CUDA rerun: no shared memory to test
+    if local is None:  # HORA_SHM=0: no shared memory to test
         return
     count = boundary_counts(n, 4)[-1]
     xs = inputs(count, torch.float32, n, seed=99)
@@ -251,7 +256,7 @@ def shared_memory_between_hook(r: int, n: int) -> None:
         piece.mul_(3.0)
 
     hvd.barrier()  # nothing in flight: this thread may use the reducer
-    out = torch.empty(count)
+    out = torch.empty(count, device="cpu")  # the reducer's own CPU path, whatever the job's device
     local.allreduce(xs[r], out, hvd.Sum, scale=0.5, between=between)
     assert torch.equal(out, reduced(xs, hvd.Sum) * 3.0 * 0.5)
     lo, hi = _shm.shares(count, 4, n)[r]
