@@ -9,7 +9,10 @@ both. Like is compared with like (all with Sum):
 
 Both ranks share this host, so hora's allreduce goes through shared memory while raw
 torch.distributed goes through gloo's loopback TCP: the default run measures what a user on one
-machine gets. `--no-shm` (HORA_SHM=0) puts hora on gloo too, as between hosts; what remains
+machine gets. Beside them, in the same rounds, the memory limit of this host for the same job
+(`MemoryLimit`): both ranks at once doing only the memory traffic that a shared-memory allreduce
+cannot avoid, with plain torch ops and no synchronisation; hora's in-place GB/s is printed as a
+fraction of it. `--no-shm` (HORA_SHM=0) puts hora on gloo too, as between hosts; what remains
 between the two of a pair is then hora's own cost: name matching with the coordinator, the engine
 thread, the hand-off. Throughput is algorithm bandwidth: tensor bytes / seconds per call.
 `--gc-freeze` moves the objects made so far out of the collector's sight in this bench's
@@ -22,6 +25,7 @@ processes (the library never touches interpreter settings).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import time
@@ -31,6 +35,8 @@ os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 import hora
+
+LIMIT = "memory limit"
 
 
 def _calls_for(nbytes: int) -> int:
@@ -45,6 +51,55 @@ def _raw_out_of_place(t: object) -> object:
     out = t.clone()  # type: ignore[attr-defined]
     dist.all_reduce(out)
     return out
+
+
+class MemoryLimit:
+    """The memory traffic a shared-memory allreduce of `x` cannot avoid, without its barriers.
+
+    Rank r reduces share r (1/size of the tensor). It must read its input (the others' shares
+    to hand them over, share r to reduce it), read share r of every other rank's input, write
+    its share of the sum, and copy the whole result out. Handing a share over is a copy into a
+    segment every rank maps: no process can read another's private tensor. For 2 ranks, with
+    N the tensor's bytes, that is per rank: N/2 read and N/2 written (handing over), N read and
+    N/2 written (reducing), N read and N written (copying out), here as plain torch ops on
+    whole shares. Nothing waits for the peer, so the values are garbage; the traffic is not.
+    """
+
+    def __init__(self, x: Any, rank: int, size: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        n = x.numel()
+        # not hora-*: a test looks for segments left behind by that name
+        name = [f"/dev/shm/allreduce-bench-limit-{os.getpid()}-{n}"]
+        dist.broadcast_object_list(name, src=0)
+        whole = None
+        for turn in (0, 1):  # rank 0 makes the file, then the others map it
+            if (rank == 0) == (turn == 0):  # size slots of the tensor's size, then the result
+                whole = torch.from_file(name[0], shared=True, size=(size + 1) * n, dtype=x.dtype)
+            dist.barrier()
+        if rank == 0:
+            os.unlink(name[0])
+        self.x, self.rank = x, rank
+        self.out = torch.empty_like(x)  # not x: its values stay finite
+        self.slots = list(whole[: size * n].view(size, n))
+        self.result = whole[size * n :]
+        bounds = [n * k // size for k in range(size + 1)]
+        self.shares = list(itertools.pairwise(bounds))
+
+    def __call__(self) -> None:
+        import torch
+
+        x, mine = self.x, self.shares[self.rank]
+        for k, (lo, hi) in enumerate(self.shares):
+            if k != self.rank:
+                self.slots[self.rank][lo:hi].copy_(x[lo:hi])
+        lo, hi = mine
+        peers = [s[lo:hi] for k, s in enumerate(self.slots) if k != self.rank]
+        torch.add(x[lo:hi], peers[0], out=self.result[lo:hi])
+        for other in peers[1:]:
+            self.result[lo:hi].add_(other)
+        self.out.copy_(self.result)
 
 
 def _fusion(
@@ -119,6 +174,7 @@ def worker(
         t = torch.ones(n)
         calls = _calls_for(n * 4)
         sides = {
+            LIMIT: MemoryLimit(torch.ones(n), hvd.rank(), hvd.size()),
             "raw in place": lambda t=t: dist.all_reduce(t),
             "hvd.allreduce_": lambda t=t: hvd.allreduce_(t, op=hvd.Sum, name="bench_"),
             "raw clone+all_reduce": lambda t=t: _raw_out_of_place(t),
@@ -165,18 +221,26 @@ def main() -> None:
         ("out of place", "raw clone+all_reduce", "hvd.allreduce"),
     ]
     print(
-        f"{'size':>7} {'pair':>13} {'raw GB/s':>9} {'hvd GB/s':>9} {'ratio':>6} {'ratio range':>12}"
+        f"{'size':>7} {'pair':>13} {'raw GB/s':>9} {'hvd GB/s':>9} {'hvd us':>9} {'ratio':>6}"
+        f" {'ratio range':>12} {'of limit':>8}"
     )
     fusion = results.pop("fusion")
     for mb, times in results.items():
+        limit = mb / 1024 / statistics.median(times[LIMIT])
         for label, raw_key, hvd_key in pairs:
             raw = mb / 1024 / statistics.median(times[raw_key])
             hvd = mb / 1024 / statistics.median(times[hvd_key])
             per_round = [r / h for r, h in zip(times[raw_key], times[hvd_key], strict=True)]
             print(
-                f"{mb:>5g}MB {label:>13} {raw:>9.2f} {hvd:>9.2f} {hvd / raw:>5.2f}x "
-                f"{min(per_round):>5.2f}-{max(per_round):.2f}x"
+                f"{mb:>5g}MB {label:>13} {raw:>9.2f} {hvd:>9.2f} "
+                f"{1e6 * statistics.median(times[hvd_key]):>9.1f} {hvd / raw:>5.2f}x "
+                f"{min(per_round):>5.2f}-{max(per_round):.2f}x {hvd / limit:>7.2f}x"
             )
+        of_limit = [m / h for m, h in zip(times[LIMIT], times["hvd.allreduce_"], strict=True)]
+        print(
+            f"{'':>7} {'memory limit':>13} {limit:>9.2f} GB/s; in place / limit per round: "
+            f"median {statistics.median(of_limit):.2f}x, {min(of_limit):.2f}-{max(of_limit):.2f}x"
+        )
     print("\n200 x 4 KB allreduces (ms per batch of 200: median of the rounds' medians, range)")
     for key, v in fusion.items():
         med, lo, hi = (1e3 * f(v) for f in (statistics.median, min, max))

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hora.collectives._common import Average, Max, Min, Product, Sum
+from hora.collectives._dtypes import scale_
 from hora.collectives._fusion import FusionBuffer
 from hora.collectives._messages import ALLREDUCE
 from hora.timeline.hooks import begin_each, end_each
@@ -107,10 +108,20 @@ def shm_allreduce(names: list[str], run: Any, *args: Any) -> None:
 
 
 def reduce_work(
-    names: list[str], work: torch.Tensor, op: int, info: GroupInfo, device: str
+    names: list[str],
+    work: torch.Tensor,
+    op: int,
+    info: GroupInfo,
+    device: str,
+    scale: float = 1.0,
+    src: torch.Tensor | None = None,
 ) -> None:
-    """Reduce one packed buffer across the set: shared memory on one host, else the backend."""
+    """Reduce one packed buffer across the set, then scale it: shared memory on one host, else
+    the backend. `src`, shared memory only: the input, when `work` is a fresh output."""
     if info.size > 1 and device == "cpu" and info.local is not None:
-        shm_allreduce(names, info.local.allreduce_, work, op)
-    elif info.size > 1:
+        shm_allreduce(names, info.local.allreduce, work if src is None else src, work, op, scale)
+        return
+    assert src is None, "only shared memory reduces into a separate output"
+    if info.size > 1:
         collective(names, ALLREDUCE, info, device, dist.all_reduce, work, op=REDUCE_OPS[op])
+    scale_(work, scale)

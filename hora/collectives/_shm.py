@@ -1,11 +1,14 @@
 """Allreduce among the ranks of one host through shared memory instead of gloo's TCP loopback.
 
 gloo moves a same-host allreduce through loopback TCP: on a 2-core host 1 MB takes about 2 ms.
-Here every rank copies its chunk into its own slot of one shared segment, the ranks meet at a
-barrier (one byte to and from each peer over authenticated Unix sockets), and every rank reduces
-all slots itself, in rank order, so that every rank gets bitwise the same result. The segment has
-two halves used in turn: a rank writes half h again only after the next barrier, which every
-peer enters only once it has finished reading h. Buffers larger than a slot go through in chunks.
+Here the ranks exchange their data through one shared segment and meet at barriers (one byte to
+and from each peer over authenticated Unix sockets). Small buffers are reduced whole by every
+rank; larger ones as a pipelined reduce-scatter and allgather, each rank reducing its share
+(`LocalReducer` says how, and why every rank gets bitwise the same result either way).
+
+For a hierarchical allreduce across hosts, `LocalReducer.allreduce(..., between=)` hands each
+piece of this rank's share, reduced within the host, to the caller before the others copy it
+(where it would be reduced across hosts), and `shares` says which range of the buffer that is.
 
 Used for CPU tensors of the global process set when every rank is on this host (a single
 machine, or `local[N]`-style runs); anything else, and `HORA_SHM=0`, keeps gloo. The segment is
@@ -15,10 +18,12 @@ unlinked as soon as every rank has mapped it, so a killed job leaves nothing in 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import mmap
 import os
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,9 +31,14 @@ import torch.distributed as dist
 from torch._utils import _unflatten_dense_tensors
 
 from hora.collectives._common import Average, Max, Min, Product, Sum
+from hora.collectives._dtypes import scale_
 from hora.wire import channel as wire
 
 SLOT_BYTES = 4 << 20  # per rank and half: 2 ranks map 16 MB in all
+PIECE_BYTES = 512 << 10  # of a share per step: small enough to be read back from cache
+WHOLE_BYTES = 4 << 20  # operand bytes up to which every rank reduces all of a buffer itself
+GRAIN = 32768  # elements torch gives one intra-op thread at least: a piece feeds them all
+ALIGN_BYTES = 64  # shares start on cache lines: ranks writing neighbouring shares never share one
 MAX_LAYOUTS = 64  # bucket layouts whose slot views are kept, per half
 MESH_TIMEOUT_S = 10.0  # for connecting: every rank is alive (they just met in a gloo collective)
 _RANK = struct.Struct("!I")
@@ -41,8 +51,51 @@ _REDUCE = {
 }
 
 
+def shares(numel: int, itemsize: int, size: int) -> list[tuple[int, int]]:
+    """The contiguous ranges of a flat buffer of `numel` elements that each rank reduces, in
+    rank order, cut on cache lines."""
+    align = max(1, ALIGN_BYTES // itemsize)
+    bounds = [numel * k // size // align * align for k in range(size)] + [numel]
+    return list(itertools.pairwise(bounds))
+
+
+def whole_bytes(size: int) -> int:
+    """The largest buffer every rank of `size` reduces whole: one slot, and the reduction each
+    rank repeats (size - 1 operands) under WHOLE_BYTES."""
+    return min(SLOT_BYTES, WHOLE_BYTES // max(size - 1, 1))
+
+
+def piece_elements(itemsize: int, size: int) -> int:
+    """How much of each share goes through per step: PIECE_BYTES, or a grain for every
+    intra-op thread (this rank's torch threads), as long as every share's piece fits a slot."""
+    piece = max(PIECE_BYTES, torch.get_num_threads() * GRAIN * itemsize)
+    return min(piece, SLOT_BYTES // size) // ALIGN_BYTES * ALIGN_BYTES // itemsize
+
+
 class LocalReducer:
-    """The shared segment and the barrier sockets of one set of same-host ranks."""
+    """The shared segment and the barrier sockets of one set of same-host ranks.
+
+    The segment holds one slot per rank in each of two halves, used by turns, one per step.
+
+    Small buffers are reduced whole: every rank copies its buffer into its slot, the ranks meet
+    at a barrier (one byte to and from each peer over authenticated Unix sockets), and every
+    rank reduces all slots itself. One barrier; each rank repeats the whole reduction.
+
+    Larger ones are split into one contiguous share per rank (`shares`, each reduced by its
+    rank only: a reduce-scatter, then an allgather) and go through in steps, a piece of every
+    share at a time, placed at `k * piece` for share k in the slots. A step: every rank copies
+    its pieces of the others' shares into its slot; a barrier; every rank reduces its own piece
+    (its own input read where it lies, the others' from their slots) into its own slot, where
+    its input piece would be; then copies out the previous step's pieces of every share, which
+    that barrier has made whole. One barrier per step and one to finish; each rank reads its
+    input once, reduces 1/size of it, and the peers read a piece while it is in cache.
+
+    Both ways reduce every element in rank order, so every rank gets bitwise the same result,
+    the same either way. A half may be reused two steps later: every access to it in step k is
+    over before its rank reaches the barrier that ends step k + 1 (the copy out of step k runs
+    in step k + 1), and the next writes come in step k + 2 (inputs before its barrier, results
+    after it) from ranks past that barrier.
+    """
 
     def __init__(self, segment: mmap.mmap, index: int, size: int, peers: list[socket.socket]):
         self._segment = segment
@@ -50,13 +103,24 @@ class LocalReducer:
         self._index = index
         self._size = size
         self._peers = peers  # one socket per other rank, in rank order
-        self._chunks = 0  # chunks reduced so far: which half the next one uses
+        self._steps = 0  # steps so far: which half the next one uses
+        self._slots: dict[tuple[int, torch.dtype], list[torch.Tensor]] = {}  # viewed as dtype
+        self._piece_views: dict[tuple[int, torch.dtype, int], list[list[torch.Tensor]]] = {}
         # (half, layout) -> views of this rank's slot shaped like a bucket's tensors
         self._views: dict[tuple[int, Any], list[torch.Tensor]] = {}
 
-    def _slot(self, half: int, rank: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        start = (half * self._size + rank) * SLOT_BYTES
-        return self._bytes[start : start + numel * dtype.itemsize].view(dtype)
+    def _half(self, dtype: torch.dtype) -> tuple[int, list[torch.Tensor]]:
+        """The next step's half of the segment, and every rank's slot in it viewed as `dtype`."""
+        half = self._steps % 2
+        self._steps += 1
+        slots = self._slots.get((half, dtype))
+        if slots is None:
+            first = half * self._size
+            slots = self._slots[(half, dtype)] = [
+                self._bytes[k * SLOT_BYTES : (k + 1) * SLOT_BYTES].view(dtype)
+                for k in range(first, first + self._size)
+            ]
+        return half, slots
 
     def _barrier(self) -> None:
         for peer in self._peers:
@@ -65,55 +129,142 @@ class LocalReducer:
             if not peer.recv(1):
                 raise ConnectionError("a same-host peer closed its shared-memory barrier")
 
-    def allreduce_(self, work: torch.Tensor, op: int) -> None:
-        """Reduce the contiguous `work` across the ranks, in place."""
+    def _reduce(
+        self, out: torch.Tensor, operands: list[torch.Tensor], op: int, scale: float
+    ) -> None:
+        """`out` = the operands reduced in rank order, then scaled (Average sums: the caller
+        gives 1/size in `scale`)."""
         reduce = _REDUCE[op]
-        flat = work.view(-1)
-        step = SLOT_BYTES // flat.element_size()
-        for start in range(0, flat.numel(), step):
-            piece = flat[start : start + step]
-            half = self._chunks % 2
-            self._chunks += 1
-            n = piece.numel()
-            self._slot(half, self._index, piece.dtype, n).copy_(piece)
+        reduce(operands[0], operands[1], out=out)
+        for other in operands[2:]:
+            reduce(out, other, out=out)
+        scale_(out, scale)
+
+    def allreduce(
+        self,
+        src: torch.Tensor,
+        dst: torch.Tensor,
+        op: int,
+        scale: float = 1.0,
+        between: Callable[[torch.Tensor], None] | None = None,
+    ) -> None:
+        """`dst` = the reduction of every rank's `src` (contiguous, same dtype and size; `dst`
+        may be `src`), times `scale`. `between(piece)`, if given, is called on each piece of
+        this rank's share (`shares`) once it is reduced, before it is scaled and the others copy
+        it: what a hierarchical allreduce would do there is reduce it across hosts."""
+        src, dst = src.view(-1), dst.view(-1)
+        if src.nbytes <= whole_bytes(self._size) and not between:
+            _, slots = self._half(src.dtype)
+            slots[self._index][: src.numel()].copy_(src)
+            self._reduce_whole(slots, dst, op, scale)
+            return
+        piece = piece_elements(src.element_size(), self._size)
+        # every share cut into pieces, all views made by one split: [share][step]
+        lengths = [
+            [min(piece, hi - at) for at in range(lo, hi, piece)]
+            for lo, hi in shares(src.numel(), src.element_size(), self._size)
+        ]
+        src_parts = _regroup(src.split(list(itertools.chain(*lengths))), lengths)
+        dst_parts = (
+            src_parts
+            if dst.data_ptr() == src.data_ptr()
+            else _regroup(dst.split(list(itertools.chain(*lengths))), lengths)
+        )
+        me = self._index
+        copy_out: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+        for step in range(max(len(parts) for parts in src_parts)):
+            pieces = self._pieces(src.dtype, piece)  # [rank][share]: where share k's piece lies
+            publish: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+            gather: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+            for k, parts in enumerate(src_parts):
+                if step < len(parts):  # a share may have a piece fewer than the others
+                    n = lengths[k][step]
+                    gather[0].append(dst_parts[k][step])
+                    gather[1].append(_first(pieces[k][k], n))
+                    if k != me:
+                        publish[0].append(_first(pieces[me][k], n))
+                        publish[1].append(parts[step])
+            if publish[0]:
+                torch._foreach_copy_(*publish)
             self._barrier()
-            slots = [self._slot(half, r, piece.dtype, n) for r in range(self._size)]
-            reduce(slots[0], slots[1], out=piece)
-            for other in slots[2:]:
-                reduce(piece, other, out=piece)
+            if step < len(src_parts[me]):
+                mine, n = src_parts[me][step], lengths[me][step]
+                out = _first(pieces[me][me], n)
+                operands = [mine if j == me else _first(p[me], n) for j, p in enumerate(pieces)]
+                self._reduce(out, operands, op, 1.0 if between else scale)
+                if between is not None:
+                    between(out)
+                    scale_(out, scale)
+            if copy_out is not None:
+                torch._foreach_copy_(*copy_out)
+            copy_out = gather
+        self._barrier()
+        assert copy_out is not None
+        torch._foreach_copy_(*copy_out)
+
+    def _pieces(self, dtype: torch.dtype, piece: int) -> list[list[torch.Tensor]]:
+        """The next step's half of the segment as pieces: [rank][share], `piece` elements each."""
+        half, slots = self._half(dtype)
+        key = (half, dtype, piece)
+        found = self._piece_views.get(key)
+        if found is None:
+            if len(self._piece_views) >= MAX_LAYOUTS:
+                self._piece_views.clear()
+            found = self._piece_views[key] = [
+                list(slot[: piece * self._size].split(piece)) for slot in slots
+            ]
+        return found
+
+    def _reduce_whole(
+        self, slots: list[torch.Tensor], out: torch.Tensor, op: int, scale: float
+    ) -> None:
+        """A buffer already in this rank's slot: once every rank's is there, reduce it all."""
+        self._barrier()
+        n = out.numel()
+        self._reduce(out, [slot[:n] for slot in slots], op, scale)
 
     def fits(self, nbytes: int) -> bool:
         return nbytes <= SLOT_BYTES
 
     def allreduce_from_(
-        self, tensors: list[torch.Tensor], layout: Any, out: torch.Tensor, op: int
+        self, tensors: list[torch.Tensor], layout: Any, out: torch.Tensor, op: int, scale: float
     ) -> None:
-        """Reduce `tensors` (one dtype, `fits` their bytes) into the flat `out`: they are
-        copied straight into this rank's slot (views made once per layout and half), which
-        saves the copy into a fusion buffer and from there into the slot."""
-        half = self._chunks % 2
-        self._chunks += 1
-        dtype, n = out.dtype, out.numel()
+        """Reduce `tensors` (one dtype, `fits` their bytes) into the flat `out`, times `scale`:
+        they are copied straight into this rank's slot (views made once per layout and half),
+        which saves the copy into a fusion buffer and from there into the slot."""
+        half, slots = self._half(out.dtype)
         views = self._views.get((half, layout))
         if views is None:
             if len(self._views) >= 2 * MAX_LAYOUTS:
                 self._views.clear()
-            mine = self._slot(half, self._index, dtype, n)
+            mine = slots[self._index][: out.numel()]
             views = self._views[(half, layout)] = list(_unflatten_dense_tensors(mine, tensors))
         torch._foreach_copy_(views, tensors)
-        self._barrier()
-        reduce = _REDUCE[op]
-        slots = [self._slot(half, r, dtype, n) for r in range(self._size)]
-        reduce(slots[0], slots[1], out=out)
-        for other in slots[2:]:
-            reduce(out, other, out=out)
+        self._reduce_whole(slots, out, op, scale)
 
     def close(self) -> None:
         for peer in self._peers:
             peer.close()
+        self._slots.clear()
+        self._piece_views.clear()
+        self._views.clear()
         self._bytes = None  # type: ignore[assignment]  # release the export before closing
         with contextlib.suppress(BufferError):
             self._segment.close()
+
+
+def _first(view: torch.Tensor, n: int) -> torch.Tensor:
+    """The first `n` elements of a slot's piece (a view is made only for a short last one)."""
+    return view if n == view.numel() else view[:n]
+
+
+def _regroup(parts: tuple[torch.Tensor, ...], lengths: list[list[int]]) -> list[list[torch.Tensor]]:
+    """Split's flat tuple of pieces, grouped again as `lengths` is: [share][step]."""
+    grouped, start = [], 0
+    for share in lengths:
+        grouped.append(list(parts[start : start + len(share)]))
+        start += len(share)
+    return grouped
 
 
 def _socket_name(token: bytes, rank: int) -> str:

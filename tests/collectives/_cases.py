@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 import hora.torch as hvd
-from hora.collectives import _backends, _state
+from hora.collectives import _backends, _shm, _state
 
 CASES: dict[str, Callable[[int, int], None]] = {}
 
@@ -110,8 +110,6 @@ def allreduce_path(r: int, n: int) -> None:
 @case
 def allreduce_large_and_identical(r: int, n: int) -> None:
     """Larger than a shared-memory slot (chunked), odd-sized, and bitwise equal on every rank."""
-    from hora.collectives import _shm
-
     count = 2 * _shm.SLOT_BYTES // 8 + 1234  # float64: two full chunks and a ragged one
 
     def values(k: int) -> torch.Tensor:  # rank k's tensor, made on the CPU, moved where tensors go
@@ -128,6 +126,141 @@ def allreduce_large_and_identical(r: int, n: int) -> None:
     xi = torch.arange(count, dtype=torch.int64) * (r + 1)
     close(hvd.allreduce(xi, op=hvd.Max, name="large.max"), torch.arange(count) * n)
     close(hvd.allreduce(xi, op=hvd.Min, name="large.min"), torch.arange(count))
+
+
+# Every dtype as allreduce reduces it: widened (half precision in float32), then cast back.
+WIDE = {
+    torch.float16: torch.float32,
+    torch.bfloat16: torch.float32,
+    torch.int16: torch.int32,
+    torch.bool: torch.int32,
+}
+REDUCE = {
+    hvd.Sum: torch.add,
+    hvd.Average: torch.add,
+    hvd.Min: torch.minimum,
+    hvd.Max: torch.maximum,
+    hvd.Product: torch.mul,
+}
+
+
+def scaled(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """Floats multiplied as they are; integers scaled in float64 and truncated back."""
+    if factor == 1.0:
+        return t
+    return t * factor if t.is_floating_point() else (t.double() * factor).to(t.dtype)
+
+
+def reduced(
+    xs: list[torch.Tensor], op: int, prescale: float = 1.0, postscale: float = 1.0
+) -> torch.Tensor:
+    """What an allreduce of every rank's input (`xs`, in rank order) must give."""
+    dt = xs[0].dtype
+    acc = scaled(xs[0].to(WIDE.get(dt, dt)), prescale)
+    for x in xs[1:]:
+        acc = REDUCE[op](acc, scaled(x.to(acc.dtype), prescale))
+    acc = scaled(acc, postscale / len(xs) if op == hvd.Average else postscale)
+    return acc != 0 if dt == torch.bool else acc.to(dt)
+
+
+def inputs(count: int, dt: torch.dtype, n: int, seed: int) -> list[torch.Tensor]:
+    """Every rank's input, the same on every rank (made on the CPU: one generator everywhere)."""
+    out = []
+    for k in range(n):
+        g = torch.Generator(device="cpu").manual_seed(seed + k)
+        if dt.is_floating_point:
+            x = torch.randn(count, generator=g, device="cpu") * 4
+        else:
+            low = 0 if dt in (torch.uint8, torch.bool) else -3
+            high = 2 if dt == torch.bool else 4
+            x = torch.randint(low, high, (count,), generator=g, device="cpu")
+        out.append(x.to(dt))
+    return out
+
+
+def boundary_counts(n: int, itemsize: int) -> list[int]:
+    """Element counts around the shared-memory path's seams: the largest buffer reduced whole
+    and the next, and one below and one above a whole number of pipeline steps (the last share
+    then ends a piece short of one element, or has one more piece, of one element)."""
+    whole = _shm.whole_bytes(n) // itemsize
+    step = n * _shm.piece_elements(itemsize, n)
+    steps = whole // step + 1
+    return [whole, whole + 1, steps * step - 1, steps * step + 1]
+
+
+def same_result(got: torch.Tensor, want: torch.Tensor, exact: bool, what: object) -> None:
+    """Bitwise where every rank reduces in rank order (CPU), else within a few roundings of
+    the dtype (NCCL sums half precision as it is, in its own order)."""
+    assert got.dtype == want.dtype, (what, got.dtype)
+    if exact or not want.is_floating_point():
+        assert torch.equal(got, want), what
+    else:
+        tol = 16 * torch.finfo(want.dtype).eps
+        scale = float(want.abs().max()) if want.numel() else 0.0
+        assert torch.allclose(got.double(), want.double(), rtol=tol, atol=tol * scale), what
+
+
+@case
+def allreduce_chunk_boundaries(r: int, n: int) -> None:
+    """Sizes across the shared-memory path's seams, every dtype and op, in place and out of
+    place, prescaled and postscaled: exactly the rank-order reduction on the CPU."""
+    where = torch.empty(0).device
+    exact = where.type == "cpu"
+    ops = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+    for dt in DTYPES:
+        # the seams of the buffer shared memory sees: widened dtypes are reduced widened
+        whole, above, below_step, above_step = boundary_counts(n, WIDE.get(dt, dt).itemsize)
+        longest = inputs(above_step, dt, n, seed=1000)
+        plan = [(whole, [hvd.Sum]), (above, ops), (below_step, [hvd.Max]), (above_step, ops)]
+        for count, count_ops in plan:
+            xs = [x[:count] for x in longest]
+            for i, op in enumerate(count_ops):
+                name = f"seam.{dt}.{count}.{op}"
+                x = xs[r].to(where, copy=True)
+                if (i + count) % 2:
+                    got = hvd.allreduce(x, op=op, name=name)
+                    assert torch.equal(x.cpu(), xs[r]), f"{name} changed its input"
+                else:
+                    got = hvd.allreduce_(x, op=op, name=name)
+                same_result(got.cpu(), reduced(xs, op), exact, name)
+    count = boundary_counts(n, 4)[-1]
+    for dt in (torch.float32, torch.float16, torch.int32):
+        xs = inputs(count, dt, n, seed=7)
+        for op in (hvd.Sum, hvd.Average):
+            for inplace in (False, True):
+                x = xs[r].to(where, copy=True)
+                call = hvd.allreduce_ if inplace else hvd.allreduce
+                got = call(x, op=op, prescale_factor=0.5, postscale_factor=3.0)
+                want = reduced(xs, op, prescale=0.5, postscale=3.0)
+                same_result(got.cpu(), want, exact, (dt, op, inplace))
+    # A fused bucket larger than a slot: through the fusion buffer and the pipeline.
+    parts = [inputs(count, torch.float32, n, seed=20 + j) for j in range(3)]
+    got = hvd.grouped_allreduce_([p[r].to(where, copy=True) for p in parts], op=hvd.Average)
+    for p, g in zip(parts, got, strict=True):
+        same_result(g.cpu(), reduced(p, hvd.Average), exact, "grouped")
+
+
+@case
+def shared_memory_between_hook(r: int, n: int) -> None:
+    """The reducer's hook for a hierarchical allreduce sees each piece of this rank's share
+    once, reduced within the host, before it is scaled and gathered."""
+    local = _state.get().groups[0].local
+    if local is None:  # HORA_SHM=0: no shared memory to test
+        return
+    count = boundary_counts(n, 4)[-1]
+    xs = inputs(count, torch.float32, n, seed=99)
+    seen: list[int] = []
+
+    def between(piece: torch.Tensor) -> None:
+        seen.append(piece.numel())
+        piece.mul_(3.0)
+
+    hvd.barrier()  # nothing in flight: this thread may use the reducer
+    out = torch.empty(count, device="cpu")  # the reducer's own CPU path, whatever the job's device
+    local.allreduce(xs[r], out, hvd.Sum, scale=0.5, between=between)
+    assert torch.equal(out, reduced(xs, hvd.Sum) * 3.0 * 0.5)
+    lo, hi = _shm.shares(count, 4, n)[r]
+    assert sum(seen) == hi - lo and len(seen) > 1, seen
 
 
 @case

@@ -71,15 +71,15 @@ def _reduce_in_fusion_buffer(
     begin_each(names, IN)
     work, views = info.fusion.views(tensors, layout)
     local = info.local if info.size > 1 else None
+    postscale = _postscale(ref, info)
     if layout is not None and local is not None and ref.prescale == 1.0 and local.fits(work.nbytes):
         end_each(names, IN)  # into the shared segment, in the reduction
-        shm_allreduce(names, local.allreduce_from_, tensors, layout, work, ref.op)
+        shm_allreduce(names, local.allreduce_from_, tensors, layout, work, ref.op, postscale)
     else:
         torch._foreach_copy_(views, tensors)
         scale_(work, ref.prescale)
         end_each(names, IN)
-        reduce_work(names, work, ref.op, info, "cpu")
-    scale_(work, _postscale(ref, info))
+        reduce_work(names, work, ref.op, info, "cpu", postscale)
     begin_each(names, OUT)
     torch._foreach_copy_(tensors, views)
     end_each(names, OUT)
@@ -95,19 +95,34 @@ def _reduce_packed(
     device: str,
     wide: torch.dtype,
 ) -> None:
-    """Tensors of one dtype, reduced where they lie (one) or packed into a fresh buffer."""
+    """Tensors of one dtype, reduced where they lie (one) or packed into a fresh buffer; one
+    out of place on shared memory is read where it lies and reduced into a fresh tensor."""
     begin_each(names, IN)
-    work = _pack(items, inplace, wide)
-    scale_(work, ref.prescale)
+    src = _shared_memory_source(items, inplace, ref, info, device, wide)
+    if src is not None:
+        work = torch.empty_like(src)
+    else:
+        work = _pack(items, inplace, wide)
+        scale_(work, ref.prescale)
     end_each(names, IN)
-    reduce_work(names, work, ref.op, info, device)
-    scale_(work, _postscale(ref, info))
+    reduce_work(names, work, ref.op, info, device, _postscale(ref, info), src)
     begin_each(names, OUT)
     if len(items) > 1 and wide == items[0][2].dtype:
         _unfuse(work, items, inplace, outputs)
     else:
         _unpack(work, items, inplace, outputs, wide)
     end_each(names, OUT)
+
+
+def _shared_memory_source(
+    items: Items, inplace: list[bool], ref: Request, info: GroupInfo, device: str, wide: torch.dtype
+) -> torch.Tensor | None:
+    """The one out-of-place tensor that shared memory can read as it is (no clone: a copy of
+    the whole tensor saved), else None."""
+    if len(items) != 1 or device != "cpu" or info.local is None or info.size == 1:
+        return None
+    i, _, t = items[0]
+    return None if inplace[i] or wide != t.dtype or ref.prescale != 1.0 else t
 
 
 def _pack(items: Items, inplace: list[bool], wide: torch.dtype) -> torch.Tensor:
