@@ -7,6 +7,7 @@ each barrier task, so a fresh interpreter (with CUDA_VISIBLE_DEVICES already set
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import signal
 import subprocess
@@ -100,6 +101,18 @@ def stop_all(workers: list[WorkerProcess], grace: float) -> None:
         worker.signal_group(signal.SIGKILL)
     for worker in workers:
         worker.join(timeout=5)
+
+
+def remove_segments_left(master: tuple[str, int], folder: str = "/dev/shm") -> None:
+    """Unlink the shared memory DeepSpeed's CPU collectives leave behind (69 MB per rank, named
+    after the run's MASTER_ADDR and MASTER_PORT): its ranks end without running C++ destructors
+    (hora's workers skip the interpreter's teardown), and a notebook's hundredth job must not
+    find /dev/shm full."""
+    addr, port = master
+    pattern = os.path.join(folder, f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_*")
+    for path in glob.glob(pattern):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def describe_exit(code: int) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from hora import environment
-from hora.engines.process import WorkerProcess, stop_all
+from hora.engines.process import WorkerProcess, remove_segments_left, stop_all
 from hora.wire.channel import Connection
 from hora.wire.protocol import Boot, Exited, Output, Plan
 
@@ -64,3 +64,4 @@ def supervised_worker(
     finally:
         stop_all([worker], STOP_GRACE_SECONDS)
         exited.wait(timeout=2)
+        remove_segments_left(plan.master)

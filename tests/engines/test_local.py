@@ -201,3 +201,15 @@ def test_workers_import_what_the_driver_put_on_sys_path(tmp_path, monkeypatch):
     (tmp_path / "driver_only_module.py").write_text("VALUE = 'found'\n")
     monkeypatch.syspath_prepend(str(tmp_path))  # as a notebook's sys.path.append(...) would
     assert hora.run(_workers.import_from_driver_path, np=2) == ["found", "found"]
+
+
+def test_deepspeeds_shared_memory_of_a_run_is_removed_and_no_other(tmp_path):
+    from hora.engines.process import remove_segments_left
+
+    uid = os.getuid()
+    ours = [tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_4242_{r}" for r in (0, 1)]
+    theirs = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_42420_0"
+    for path in [*ours, theirs]:
+        path.write_bytes(b"x")
+    remove_segments_left(("127.0.0.1", 4242), folder=str(tmp_path))
+    assert [p.exists() for p in ours] == [False, False] and theirs.exists()

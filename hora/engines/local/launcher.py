@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from hora import environment
 from hora.engines.base import LaunchContext, Launcher
-from hora.engines.process import WorkerProcess, stop_all
+from hora.engines.process import WorkerProcess, remove_segments_left, stop_all
 from hora.engines.rendezvous import host_store
 from hora.wire.protocol import Exited, Output
 
@@ -24,9 +24,11 @@ class LocalLauncher(Launcher):
     def __init__(self, config: RunConfig | None = None, restart: bool = False) -> None:
         self._workers: list[WorkerProcess] = []
         self._store: Any = None
+        self._port = 0
 
     def start(self, ctx: LaunchContext) -> None:
         self._store, port = host_store(LOOPBACK)
+        self._port = port
         for place in environment.placements([LOOPBACK] * ctx.np):
             env = environment.worker_env(place, LOOPBACK, port, user_env=ctx.env)
             rank = place.rank
@@ -42,5 +44,7 @@ class LocalLauncher(Launcher):
 
     def stop(self) -> None:
         stop_all(self._workers, STOP_GRACE_SECONDS)
+        if self._workers:
+            remove_segments_left((LOOPBACK, self._port))
         self._workers = []
         self._store = None
