@@ -8,7 +8,7 @@ from collections.abc import Sequence
 class HoraError(Exception):
     """Base of every error hora raises about a job."""
 
-    def __reduce__(self):  # type: ignore[override]
+    def __reduce__(self):
         return (self.__class__, self.args)
 
 

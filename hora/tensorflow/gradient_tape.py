@@ -220,5 +220,5 @@ def PartialDistributedGradientTape(
         scale_local_gradients,
     )
     for var in local_variables(local_layers):
-        tape.register_local_source(var)  # type: ignore[attr-defined]
+        tape.register_local_source(var)
     return tape

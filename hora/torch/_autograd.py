@@ -23,14 +23,14 @@ from hora.torch.compression import Compression, Compressor
 
 class HorovodAllreduce(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
+    def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):
         ctx.args = (op, prescale, postscale, process_set)
         return ops.synchronize(
             ops._allreduce_async([tensor], name, op, prescale, postscale, process_set, False, False)
         )
 
     @staticmethod
-    def backward(ctx: Any, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad):
         op, prescale, postscale, process_set = ctx.args
         reduced = allreduce(
             grad.contiguous(),
@@ -44,7 +44,7 @@ class HorovodAllreduce(Function):
 
 class HorovodGroupedAllreduce(Function):
     @staticmethod
-    def forward(ctx: Any, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
+    def forward(ctx: Any, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (op, prescale, postscale, process_set)
         return tuple(
             ops.synchronize(
@@ -55,7 +55,7 @@ class HorovodGroupedAllreduce(Function):
         )
 
     @staticmethod
-    def backward(ctx: Any, *grads):  # type: ignore[override]
+    def backward(ctx: Any, *grads):
         op, prescale, postscale, process_set = ctx.args
         reduced = grouped_allreduce(
             [g.contiguous() for g in grads],
@@ -76,14 +76,14 @@ def _my_rows(dim: int, process_set: ops.ProcessSet) -> int:
 
 class HorovodAllgather(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, name, process_set):  # type: ignore[override]
+    def forward(ctx: Any, tensor, name, process_set):
         handle = ops._allgather_async([tensor], name, process_set, False)
         ctx.dim = tensor.shape[0]
         ctx.process_set = process_set
         return ops.synchronize(handle)
 
     @staticmethod
-    def backward(ctx: Any, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad):
         reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
         offset = _my_rows(ctx.dim, ctx.process_set)
         return reduced.narrow(0, offset, ctx.dim), None, None
@@ -91,14 +91,14 @@ class HorovodAllgather(Function):
 
 class HorovodGroupedAllgather(Function):
     @staticmethod
-    def forward(ctx: Any, name, process_set, *tensors):  # type: ignore[override]
+    def forward(ctx: Any, name, process_set, *tensors):
         handle = ops._allgather_async(list(tensors), name, process_set, True)
         ctx.dims = [t.shape[0] for t in tensors]
         ctx.process_set = process_set
         return tuple(ops.synchronize(handle))
 
     @staticmethod
-    def backward(ctx: Any, *grads):  # type: ignore[override]
+    def backward(ctx: Any, *grads):
         reduced = grouped_allreduce(
             [g.contiguous() for g in grads], op=Average, process_set=ctx.process_set
         )
@@ -110,13 +110,13 @@ class HorovodGroupedAllgather(Function):
 
 class HorovodBroadcast(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, root_rank, name, process_set):  # type: ignore[override]
+    def forward(ctx: Any, tensor, root_rank, name, process_set):
         ctx.root_rank = root_rank
         ctx.process_set = process_set
         return ops.synchronize(ops._broadcast_async(tensor, root_rank, name, process_set, False))
 
     @staticmethod
-    def backward(ctx: Any, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad):
         reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
         if rank() != ctx.root_rank:
             reduced = reduced * 0
@@ -125,7 +125,7 @@ class HorovodBroadcast(Function):
 
 class HorovodAlltoall(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, splits, name, process_set):  # type: ignore[override]
+    def forward(ctx: Any, tensor, splits, name, process_set):
         ctx.process_set = process_set
         ctx.shape = tensor.shape
         # The rows each rank sent here, also for an even split (ranks' dim 0 may differ): the
@@ -137,7 +137,7 @@ class HorovodAlltoall(Function):
         return output, received
 
     @staticmethod
-    def backward(ctx: Any, grad, _grad_splits):  # type: ignore[override]
+    def backward(ctx: Any, grad, _grad_splits):
         back, _ = alltoall(grad.contiguous(), ctx.received, process_set=ctx.process_set)
         if back.shape[0] < ctx.shape[0]:  # rows that were not sent get no gradient
             pad = back.new_zeros((ctx.shape[0] - back.shape[0], *back.shape[1:]))
@@ -147,7 +147,7 @@ class HorovodAlltoall(Function):
 
 class HorovodReducescatter(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
+    def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):
         ctx.op = op
         ctx.process_set = process_set
         return ops.synchronize(
@@ -155,7 +155,7 @@ class HorovodReducescatter(Function):
         )
 
     @staticmethod
-    def backward(ctx: Any, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad):
         gathered = allgather(grad.contiguous(), process_set=ctx.process_set)
         if ctx.op == Sum:
             gathered = gathered * len(ctx.process_set.ranks)
@@ -164,7 +164,7 @@ class HorovodReducescatter(Function):
 
 class HorovodGroupedReducescatter(Function):
     @staticmethod
-    def forward(ctx: Any, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
+    def forward(ctx: Any, name, op, prescale, postscale, process_set, *tensors):
         ctx.op = op
         ctx.process_set = process_set
         return tuple(
@@ -176,7 +176,7 @@ class HorovodGroupedReducescatter(Function):
         )
 
     @staticmethod
-    def backward(ctx: Any, *grads):  # type: ignore[override]
+    def backward(ctx: Any, *grads):
         gathered = grouped_allgather([g.contiguous() for g in grads], process_set=ctx.process_set)
         if ctx.op == Sum:
             gathered = [g * len(ctx.process_set.ranks) for g in gathered]

@@ -79,7 +79,7 @@ def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
 
 class _SyncBatchNormFn(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor | None,
