@@ -8,7 +8,7 @@ from typing import Any
 
 from hora import engines
 from hora.config import RunConfig, Verbosity
-from hora.job import launch
+from hora.job.launch import launch  # the function (mypy takes hora.job.launch for the module)
 
 
 class Runner:

@@ -19,6 +19,7 @@ import mmap
 import os
 import socket
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,7 +33,7 @@ SLOT_BYTES = 4 << 20  # per rank and half: 2 ranks map 16 MB in all
 MAX_LAYOUTS = 64  # bucket layouts whose slot views are kept, per half
 MESH_TIMEOUT_S = 10.0  # for connecting: every rank is alive (they just met in a gloo collective)
 _RANK = struct.Struct("!I")
-_REDUCE = {
+_REDUCE: dict[int, Callable[..., torch.Tensor]] = {
     Sum: torch.add,
     Average: torch.add,
     Min: torch.minimum,

@@ -41,7 +41,9 @@ class Group(Protocol):
     """What the monitor needs of a worker group (a real `WorkerGroup`, or a test's fake)."""
 
     events: queue.Queue
-    multi_host: bool
+
+    @property
+    def multi_host(self) -> bool: ...
 
 
 @dataclass

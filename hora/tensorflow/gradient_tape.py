@@ -173,7 +173,7 @@ def DistributedGradientTape(
     base = gradtape.__class__
     methods = {k: v for k, v in _DistributedGradientTape.__dict__.items() if not k.startswith("__")}
     methods.update(__module__=base.__module__, __qualname__=base.__qualname__)
-    cls = type(base.__name__, (base,), methods)
+    cls: Any = type(base.__name__, (base,), methods)  # a TF class, made here
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._hora = {

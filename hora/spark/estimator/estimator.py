@@ -7,6 +7,7 @@ import copy
 import datetime
 import math
 import secrets
+import types
 import warnings
 from typing import Any
 
@@ -268,15 +269,15 @@ def _try_on_a_sample(
     tensors = [torch.from_numpy(a.copy()) for a in head]
     shapes = ", ".join(f"{s.name} {tuple(t.shape)}" for s, t in zip(specs, tensors, strict=True))
 
-    class _Sample:
-        losses = settings["losses"]
-        loss_weights = settings["loss_weights"]
-
-    _Sample.model = copy.deepcopy(model).eval()  # eval: one row must do (BatchNorm)
+    sample = types.SimpleNamespace(
+        model=copy.deepcopy(model).eval(),  # eval: one row must do (BatchNorm)
+        losses=settings["losses"],
+        loss_weights=settings["loss_weights"],
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a broadcasting loss warns; here that is a mistake
-            loss, outputs = step_loss(_Sample, tensors[:n], tensors[n:])
+            loss, outputs = step_loss(sample, tensors[:n], tensors[n:])
             if loss.dim() != 0 or not math.isfinite(loss.item()):
                 raise ValueError(f"the loss is {tuple(loss.shape)}-shaped, not one number")
             metric_values(settings["metrics"], outputs, tensors[n:])
