@@ -126,7 +126,9 @@ class _DistributedGradientTape:
         """A variable each rank keeps to itself: its gradient is not reduced (only scaled)."""
         self._hora["local"][id(source)] = source  # kept alive: its id stays its own
 
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any):
+    def gradient(
+        self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any
+    ) -> Any:
         grads = super(type(self), self).gradient(  # type: ignore[misc]
             target, sources, output_gradients, **kwargs
         )
