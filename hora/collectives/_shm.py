@@ -129,7 +129,7 @@ def _map(path: str, nbytes: int) -> mmap.mmap:
         os.close(fd)
 
 
-def connect(
+def connect(  # noqa: C901 - three all-rank agreements (file, mapping, mesh), each undoing the last
     rank: int, size: int, one_host: bool, token: bytes, key: bytes, world: Any, timeout: float
 ) -> LocalReducer | None:
     """Set up the reducer; every rank calls it, and all agree on a reducer or on None (gloo)."""

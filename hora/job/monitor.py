@@ -138,19 +138,10 @@ class Monitor:
     def handle(self, conn: Connection | None, message: Any) -> None:
         match message:
             case None:  # a channel closed; the launcher reports the process's exit
-                rank = getattr(conn, "peer", None)
-                if rank is not None:
-                    self.closed.add(rank)
-                    if self.exits.get(rank) == 0:  # its exit came before its channel drained
-                        self._exited(rank, 0)
+                self._closed(conn)
             case Hello(rank=rank, host=host):
                 assert conn is not None  # a hello only ever arrives on a worker's channel
-                if not (isinstance(rank, int) and 0 <= rank < self.np) or rank in self.started:
-                    conn.close()
-                    return
-                conn.peer = rank
-                self.started[rank] = host
-                conn.send(Payload(self.payload, self.collect_all or rank == 0))
+                self._hello(conn, rank, host)
             case Output(rank=rank, stream=stream, text=text):
                 self._output(rank, stream, text)
             case Result(rank=rank, data=data):
@@ -166,6 +157,22 @@ class Monitor:
                 self.timeline.receive(rank, path, batch)
             case Stall(text=text):
                 self._stall(text)
+
+    def _closed(self, conn: Connection | None) -> None:
+        rank = getattr(conn, "peer", None)
+        if rank is not None:
+            self.closed.add(rank)
+            if self.exits.get(rank) == 0:  # its exit came before its channel drained
+                self._exited(rank, 0)
+
+    def _hello(self, conn: Connection, rank: int, host: str) -> None:
+        """A rank connected: it gets the job, unless the rank is unknown or already here."""
+        if not (isinstance(rank, int) and 0 <= rank < self.np) or rank in self.started:
+            conn.close()
+            return
+        conn.peer = rank
+        self.started[rank] = host
+        conn.send(Payload(self.payload, self.collect_all or rank == 0))
 
     def _stall(self, text: str | None) -> None:
         """Rank 0's engine reports a stall (None: it is over); said on stderr, kept for timeouts."""

@@ -72,17 +72,8 @@ def reduce_gradients(
     postscale *= postscale_factor
     grads = list(grads)
     size = len(process_set.ranks)
-    reduce_these = []
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
-        if sparse_as_dense and isinstance(g, tf.IndexedSlices):
-            grads[i] = g = tf.convert_to_tensor(g)
-        if id(sources[i]) in local_sources:
-            if scale_local_gradients and size > 1:
-                grads[i] = _divided(g, size)
-            continue
-        reduce_these.append(i)
+    local_scale = size if scale_local_gradients and size > 1 else 1
+    reduce_these = _prepared(grads, sources, sparse_as_dense, local_sources, local_scale)
     if size == 1 and op == Average and prescale == postscale == 1.0:
         return grads
     for members in _groups_of(reduce_these, list(sources), groups):
@@ -97,6 +88,29 @@ def reduce_gradients(
         for i, r in zip(members, reduced, strict=True):
             grads[i] = r
     return grads
+
+
+def _prepared(
+    grads: list[Any],
+    sources: Sequence[Any],
+    sparse_as_dense: bool,
+    local_sources: frozenset[int],
+    local_scale: int,
+) -> list[int]:
+    """Ready `grads` in place (IndexedSlices made dense if asked, the local sources' divided by
+    `local_scale`); the indices of those to reduce."""
+    reduce_these = []
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if sparse_as_dense and isinstance(g, tf.IndexedSlices):
+            grads[i] = g = tf.convert_to_tensor(g)
+        if id(sources[i]) in local_sources:
+            if local_scale > 1:
+                grads[i] = _divided(g, local_scale)
+            continue
+        reduce_these.append(i)
+    return reduce_these
 
 
 def _divided(grad: Any, size: int) -> Any:

@@ -249,14 +249,16 @@ class _DistributedOptimizer(_Optimizer):
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def _submit(self, index: int) -> None:
-        """Send bucket `index`: one flat buffer per dtype, so the engine gets one tensor per kind
-        (fewer names to match, one copy in and one out) and compression casts once."""
-        kinds: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    def _by_kind(
+        self, index: int
+    ) -> dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Bucket `index`'s (parameter, dense gradient) pairs by dtype and device; its sparse
+        gradients (unless sparse_as_dense) are sent here, on their own."""
         plain = self._plain_group(index)
         if plain:
-            kinds[(plain[0][1].dtype, plain[0][1].device)] = plain
-        for p in self._buckets[index] if not plain else ():
+            return {(plain[0][1].dtype, plain[0][1].device): plain}
+        kinds: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for p in self._buckets[index]:
             if p.grad is None:  # not used on this rank: another rank may have used it
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
             grad = p.grad
@@ -269,6 +271,12 @@ class _DistributedOptimizer(_Optimizer):
             elif not grad.is_contiguous():
                 grad = grad.contiguous()
             kinds.setdefault((grad.dtype, grad.device), []).append((p, grad))
+        return kinds
+
+    def _submit(self, index: int) -> None:
+        """Send bucket `index`: one flat buffer per dtype, so the engine gets one tensor per kind
+        (fewer names to match, one copy in and one out) and compression casts once."""
+        kinds = self._by_kind(index)
         if not kinds:
             self._pending[index] = _Pending(None, [], [], [])
             return
