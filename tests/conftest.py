@@ -84,6 +84,7 @@ LIBRARY_VARIABLES = frozenset(
         "RAY_CLIENT_MODE",  # same
         "_MLFLOW_TELEMETRY_SESSION_ID",  # importing mlflow (or deepspeed, which imports it)
         "PYTORCH_NVML_BASED_CUDA_CHECK",  # importing deepspeed
+        "TORCHINDUCTOR_CACHE_DIR",  # torch's inductor, the first time it looks for its cache
         "KMP_DUPLICATE_LIB_OK",  # importing tensorflow, keras or scikit-learn
         "KMP_INIT_AT_FORK",  # same
         "ENABLE_RUNTIME_UPTIME_TELEMETRY",  # importing tensorflow (or keras)
