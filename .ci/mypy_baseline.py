@@ -46,10 +46,10 @@ def write_baseline(errors: Counter[str]) -> None:
 
 def main(argv: list[str]) -> int:
     code, lines = run_mypy()
-    if code not in (0, 1):  # 2: mypy itself failed (bad settings, a crash)
+    current = Counter(k for k in map(key, lines) if k is not None)
+    if code != 0 and not current:  # mypy itself failed (not installed, bad settings, a crash)
         print("\n".join(lines))
         return code
-    current = Counter(k for k in map(key, lines) if k is not None)
     baseline = read_baseline()
     new, gone = current - baseline, baseline - current
     if new:

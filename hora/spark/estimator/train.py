@@ -226,7 +226,7 @@ class _Job:
 
 
 def _shard(job: TrainJob, path: str, rows: int, device: Any, rank: int, size: int) -> feed.Batches:
-    """This rank's rows of the data written at `path`, in batches of `rows` an epoch."""
+    """This rank's share of the data written at `path` (`rows` of it an epoch), in batches."""
     specs: list[ColumnSpec] = [*job.data.features, *job.data.labels]
     return feed.Batches(
         feed.read_shard(job.store, path, specs, rank, size), rows, job.batch_size, device
