@@ -32,6 +32,7 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check hora tests bench examples
+	$(PY) .ci/mypy_baseline.py
 	$(PY) -m pytest -q
 
 lint: setup

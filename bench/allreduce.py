@@ -29,6 +29,7 @@ import itertools
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -139,18 +140,34 @@ def _fusion(
     per_side = {"hvd fused": reps, "raw fused": reps, "raw separate": 1}
     for fn in sides.values():
         fn()
+
+    def reset() -> None:
+        for t in ts:
+            t.fill_(1.0)
+
+    return _alternate(sides, per_side, rounds, dist.barrier, reset)
+
+
+def _alternate(
+    sides: dict[str, Callable[[], None]],
+    per_side: dict[str, int],
+    rounds: int,
+    barrier: Callable[[], object],
+    reset: Callable[[], None],
+) -> dict[str, list[float]]:
+    """Per side, one time a round (the median of its batches); the sides take turns going
+    first, and `reset` runs after each round."""
     times: dict[str, list[float]] = {k: [] for k in sides}
     for r in range(rounds):
         for key in list(sides) if r % 2 == 0 else list(reversed(sides)):
             batches = []
             for _ in range(per_side[key]):
-                dist.barrier()
+                barrier()
                 start = time.perf_counter()
                 sides[key]()
                 batches.append(time.perf_counter() - start)
             times[key].append(statistics.median(batches))
-        for t in ts:
-            t.fill_(1.0)
+        reset()
     return times
 
 

@@ -93,17 +93,7 @@ def _children(obj: Any) -> Iterator[tuple[str, Any]]:
         yield f"the instance bound to {obj.__name__}", obj.__self__
         obj = obj.__func__
     if isinstance(obj, types.FunctionType):
-        cells = obj.__closure__ or ()
-        for var, cell in zip(obj.__code__.co_freevars, cells, strict=False):
-            try:
-                yield f"variable {var!r} captured by {obj.__name__}", cell.cell_contents
-            except ValueError:  # empty cell
-                continue
-        for var in obj.__code__.co_names:
-            if var in obj.__globals__ and not isinstance(obj.__globals__[var], types.ModuleType):
-                yield f"global {var!r} used by {obj.__name__}", obj.__globals__[var]
-        for i, default in enumerate(obj.__defaults__ or ()):
-            yield f"default {i} of {obj.__name__}", default
+        yield from _function_children(obj)
     elif isinstance(obj, dict):
         for k, v in obj.items():
             yield f"key {k!r}", v
@@ -113,3 +103,18 @@ def _children(obj: Any) -> Iterator[tuple[str, Any]]:
     elif hasattr(obj, "__dict__"):
         for k, v in vars(obj).items():
             yield f"attribute {k!r}", v
+
+
+def _function_children(fn: types.FunctionType) -> Iterator[tuple[str, Any]]:
+    """What pickling a function by value takes along: its closure, globals and defaults."""
+    cells = fn.__closure__ or ()
+    for var, cell in zip(fn.__code__.co_freevars, cells, strict=False):
+        try:
+            yield f"variable {var!r} captured by {fn.__name__}", cell.cell_contents
+        except ValueError:  # empty cell
+            continue
+    for var in fn.__code__.co_names:
+        if var in fn.__globals__ and not isinstance(fn.__globals__[var], types.ModuleType):
+            yield f"global {var!r} used by {fn.__name__}", fn.__globals__[var]
+    for i, default in enumerate(fn.__defaults__ or ()):
+        yield f"default {i} of {fn.__name__}", default

@@ -95,15 +95,20 @@ def resolve(
     if first.endswith(".py") or os.path.isdir(first):
         return _script(first, rest)
     if os.path.isfile(first):
-        if os.access(first, os.X_OK):
-            return Program("command", os.path.abspath(first), rest)
-        if not _python_source(first):
-            raise UsageError(
-                f"{first!r} is not executable: make it so (chmod +x {shlex.quote(first)}), or "
-                f"name its interpreter (hora run -np N bash {shlex.quote(first)})"
-            )
-        return _script(first, rest)  # python runs a file whatever its name
+        return _file(first, rest)
     return _command(first, rest, on_this_host)
+
+
+def _file(path: str, args: tuple[str, ...]) -> Program:
+    """A file named without `.py`: run it if it is executable, else as Python if it reads so."""
+    if os.access(path, os.X_OK):
+        return Program("command", os.path.abspath(path), args)
+    if not _python_source(path):
+        raise UsageError(
+            f"{path!r} is not executable: make it so (chmod +x {shlex.quote(path)}), or "
+            f"name its interpreter (hora run -np N bash {shlex.quote(path)})"
+        )
+    return _script(path, args)  # python runs a file whatever its name
 
 
 def _is_this_python(word: str) -> bool:

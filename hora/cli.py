@@ -135,7 +135,7 @@ def _parser() -> argparse.ArgumentParser:
 class _Refused(argparse.Action):
     """An option horovodrun has and hora deliberately does not: remember which, refuse later."""
 
-    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
         setattr(namespace, self.dest, option_string)
 
 

@@ -82,15 +82,18 @@ class RunConfig:
             object.__setattr__(self, "output_filename", _output_folder(self.output_filename))
         if self.use_gpu is not None and not isinstance(self.use_gpu, bool):
             raise ValueError(f"use_gpu must be True, False or None, got {self.use_gpu!r}")
-        reporters = self.report_to
-        if callable(reporters):
-            reporters = (reporters,)  # one reporter needs no list
+        self.reporters()  # a bad value fails here
+
+    def reporters(self) -> tuple[Reporter, ...]:
+        """`report_to` as a tuple (one reporter needs no list); a ValueError for anything else."""
+        given = self.report_to
+        reporters = (given,) if callable(given) else tuple(given)
         if not all(callable(r) for r in reporters):
             raise ValueError(
                 "report_to must be a list of callables taking (step, metrics), such as "
-                f"hora.reporters.TensorBoard(log_dir); got {self.report_to!r}"
+                f"hora.reporters.TensorBoard(log_dir); got {given!r}"
             )
-        object.__setattr__(self, "report_to", tuple(reporters))
+        return reporters
 
 
 def _is_str(value: object) -> bool:

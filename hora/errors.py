@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 class HoraError(Exception):
     """Base of every error hora raises about a job."""
 
-    def __reduce__(self):  # type: ignore[override]
+    def __reduce__(self) -> tuple[Any, ...]:
         return (self.__class__, self.args)
 
 

@@ -342,37 +342,45 @@ def _cycle_through(start: str, members: set[str], graph: dict[str, dict[str, Imp
 
 def components(graph: dict[str, dict[str, Import]]) -> list[set[str]]:
     """Tarjan's strongly connected components with more than one module."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[set[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for successor in graph[node]:
-            if successor not in index:
-                visit(successor)
-                low[node] = min(low[node], low[successor])
-            elif successor in on_stack:
-                low[node] = min(low[node], index[successor])
-        if low[node] == index[node]:
-            member = set()
-            while True:
-                top = stack.pop()
-                on_stack.discard(top)
-                member.add(top)
-                if top == node:
-                    break
-            if len(member) > 1:
-                found.append(member)
-
+    tarjan = _Tarjan(graph)
     for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return found
+        if node not in tarjan.index:
+            tarjan.visit(node)
+    return tarjan.found
+
+
+class _Tarjan:
+    def __init__(self, graph: dict[str, dict[str, Import]]) -> None:
+        self.graph = graph
+        self.index: dict[str, int] = {}
+        self.low: dict[str, int] = {}
+        self.stack: list[str] = []
+        self.on_stack: set[str] = set()
+        self.found: list[set[str]] = []
+
+    def visit(self, node: str) -> None:
+        self.index[node] = self.low[node] = len(self.index)
+        self.stack.append(node)
+        self.on_stack.add(node)
+        for successor in self.graph[node]:
+            if successor not in self.index:
+                self.visit(successor)
+                self.low[node] = min(self.low[node], self.low[successor])
+            elif successor in self.on_stack:
+                self.low[node] = min(self.low[node], self.index[successor])
+        if self.low[node] == self.index[node]:
+            self._pop_component(node)
+
+    def _pop_component(self, root: str) -> None:
+        member: set[str] = set()
+        while True:
+            top = self.stack.pop()
+            self.on_stack.discard(top)
+            member.add(top)
+            if top == root:
+                break
+        if len(member) > 1:
+            self.found.append(member)
 
 
 def circles() -> list[str]:

@@ -31,10 +31,63 @@ Framework layers (hora.torch, hora.tensorflow) sit on top and add gradients and 
 their public face here is this package's `__all__` (Horovod's calls), `framework` and `objects`.
 """
 
+# ruff: noqa: F405 - the names of __all__ come from the star imports
 from hora.collectives._basics import *  # noqa: F403 - listed in _basics.__all__
-from hora.collectives._basics import __all__ as _basics_all
 from hora.collectives._state import in_flight as in_flight  # not Horovod's: kept out of __all__
 from hora.collectives.ops import *  # noqa: F403 - listed in ops.__all__
-from hora.collectives.ops import __all__ as _ops_all
 
-__all__ = [*_basics_all, *_ops_all]
+# Listed name by name, not computed from the lists of the modules star-imported above, so that
+# type checkers see the surface; tests/test_public_names.py checks that it is still their union.
+__all__ = [
+    "NOT_INITIALIZED",
+    "Adasum",
+    "Average",
+    "HorovodInternalError",
+    "Max",
+    "Min",
+    "ProcessSet",
+    "Product",
+    "Sum",
+    "add_process_set",
+    "allgather_async",
+    "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
+    "alltoall_async",
+    "barrier",
+    "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
+    "ccl_built",
+    "cross_rank",
+    "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
+    "grouped_allgather_async",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter_async",
+    "init",
+    "is_homogeneous",
+    "is_initialized",
+    "join",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "poll",
+    "rank",
+    "reducescatter_async",
+    "remove_process_set",
+    "rocm_built",
+    "shutdown",
+    "size",
+    "sparse_allreduce_async",
+    "synchronize",
+]

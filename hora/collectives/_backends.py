@@ -58,7 +58,9 @@ def nccl_usable(info: GroupInfo) -> bool:
     """Whether NCCL can serve this set: each member on a GPU of its own (asked once, over gloo)."""
     if info.nccl_usable is None:
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        mine = str(getattr(props, "uuid", "")) or f"{props.pci_bus_id}:{props.pci_device_id}"
+        mine = str(getattr(props, "uuid", ""))
+        if not mine:  # the PCI fields are in the CUDA properties, missing from torch's stub
+            mine = f"{props.pci_bus_id}:{props.pci_device_id}"  # type: ignore[attr-defined]
         gpus: list[Any] = [None] * info.size
         dist.all_gather_object(gpus, mine, group=info.gloo)
         info.nccl_usable = len(set(gpus)) == info.size

@@ -196,7 +196,7 @@ def _start_engine(
         finally:
             if mode == "store":
                 with contextlib.suppress(Exception):
-                    store.delete_key(store_key)  # type: ignore[union-attr]
+                    store.delete_key(store_key)
         engine = Engine(config, groups, peers, None)
     else:
         sock = _channel.connect(address, rank, key, config.timeout_s)

@@ -42,7 +42,7 @@ ALIGN_BYTES = 64  # shares start on cache lines: ranks writing neighbouring shar
 MAX_LAYOUTS = 64  # bucket layouts whose slot views are kept, per half
 MESH_TIMEOUT_S = 10.0  # for connecting: every rank is alive (they just met in a gloo collective)
 _RANK = struct.Struct("!I")
-_REDUCE = {
+_REDUCE: dict[int, Callable[..., torch.Tensor]] = {
     Sum: torch.add,
     Average: torch.add,
     Min: torch.minimum,
@@ -279,7 +279,7 @@ def _map(path: str, nbytes: int) -> mmap.mmap:
         os.close(fd)
 
 
-def connect(
+def connect(  # noqa: C901 - three all-rank agreements (file, mapping, mesh), each undoing the last
     rank: int, size: int, one_host: bool, token: bytes, key: bytes, world: Any, timeout: float
 ) -> LocalReducer | None:
     """Set up the reducer; every rank calls it, and all agree on a reducer or on None (gloo)."""

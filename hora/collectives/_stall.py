@@ -187,7 +187,7 @@ class StallInspector:
         self._coord = coordinator
         self._report = report
         self._clock = clock
-        self._seen: dict[tuple[int, str], tuple[object, float]] = {}
+        self._seen: dict[tuple[int, str], tuple[Mapping[int, object], float]] = {}
         self._join_since: float | None = None
         self._oldest: float | None = None  # the earliest `since` of the last sample
         self._progressed = False  # some collective completed since the last sample
@@ -242,7 +242,7 @@ class StallInspector:
 
     def _sample(self, now: float) -> None:
         coord = self._coord
-        seen: dict[tuple[int, str], tuple[object, float]] = {}
+        seen: dict[tuple[int, str], tuple[Mapping[int, object], float]] = {}
         for key, requests in coord.pending.items():
             old = self._seen.get(key)
             seen[key] = old if old is not None and old[0] is requests else (requests, now)

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import IO
 
 from hora.wire.protocol import Boot
 
@@ -82,7 +83,7 @@ class WorkerProcess:
                     stream.close()
 
 
-def _pump(stream, name: str, on_line: OnLine) -> None:
+def _pump(stream: IO[bytes], name: str, on_line: OnLine) -> None:
     for raw in iter(stream.readline, b""):
         on_line(name, raw.decode(errors="replace").rstrip("\r\n"))
 

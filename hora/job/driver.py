@@ -65,7 +65,7 @@ class Job:
         self.policy = policy or FailurePolicy(config.max_restarts)
         self.failed: list[WorkerFailedError] = []  # one story per failed attempt, in order
         # One for the run: a restarted attempt's reports follow the ones before it.
-        self.metrics = MetricsLog(config.report_to, progress=config.progress)
+        self.metrics = MetricsLog(config.reporters(), progress=config.progress)
 
     def run(self) -> list[Any]:
         config = self.config

@@ -50,7 +50,9 @@ class Group(Protocol):
     """What the monitor needs of a worker group (a real `WorkerGroup`, or a test's fake)."""
 
     events: queue.Queue
-    multi_host: bool
+
+    @property
+    def multi_host(self) -> bool: ...
 
 
 @dataclass
@@ -73,6 +75,9 @@ class Limits:
     start_timeout: float  # seconds for every rank of this attempt to connect
     timeout: float | None  # the run's whole `timeout`, for the message
     deadline: float | None  # when the run's `timeout` runs out (across attempts)
+
+
+_LIFECYCLE = (Hello, Result, Error, Exited, EngineFailed)
 
 
 class Monitor:
@@ -114,65 +119,71 @@ class Monitor:
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
-        np = self.np
         start_deadline = time.monotonic() + limits.start_timeout
-        all_done_at: float | None = None
+        self._all_done_at: float | None = None
         while True:
             now = time.monotonic()
             self._serve_user_dump()
             self.metrics.flush()
             self._note_silent_ranks(now)
-            if self.failures:
-                first = min(f.time for f in self.failures.values())
-                if time.time() - first >= SETTLE_SECONDS and self._stacks_in(now):
-                    raise self.failure_error()
-            elif len(self.results) == np:
-                all_done_at = all_done_at or now
-                if len(self.exits) == np or now - all_done_at > EXIT_GRACE_SECONDS:
-                    return self.results
-            if len(self.started) < np and now > start_deadline:
-                missing = [r for r in range(np) if r not in self.started]
-                raise RunTimeoutError(
-                    f"{len(missing)} of {np} workers did not start within start_timeout="
-                    f"{limits.start_timeout:g} s: ranks {_ranks(missing)} never connected "
-                    "to the driver. Check that the cluster has free slots and that workers can "
-                    "reach the driver, or raise start_timeout.",
-                    missing,
-                )
-            if limits.deadline is not None and now > limits.deadline:
-                if self.dump is None:
-                    self.dump = self._ask_where(f"the run reached timeout={limits.timeout:g} s")
-                if self._stacks_in(now):
-                    raise self.timeout_error(limits)
+            if self._finished_attempt(now):
+                return self.results
+            self._check_limits(limits, start_deadline, now)
             try:
                 conn, message = self.group.events.get(timeout=0.05)
             except queue.Empty:
                 continue
             self.handle(conn, message)
 
+    def _finished_attempt(self, now: float) -> bool:
+        """Every rank returned (and exited, or had its grace to): True. A failure raises its
+        story once the settle time and any question to the ranks are over."""
+        if self.failures:
+            first = min(f.time for f in self.failures.values())
+            if time.time() - first >= SETTLE_SECONDS and self._stacks_in(now):
+                raise self.failure_error()
+            return False
+        if len(self.results) < self.np:
+            return False
+        self._all_done_at = self._all_done_at or now
+        return len(self.exits) == self.np or now - self._all_done_at > EXIT_GRACE_SECONDS
+
+    def _check_limits(self, limits: Limits, start_deadline: float, now: float) -> None:
+        """Raise RunTimeoutError when the ranks did not all start in time, or the run's timeout
+        passed (after asking the ranks where they are)."""
+        np = self.np
+        if len(self.started) < np and now > start_deadline:
+            missing = [r for r in range(np) if r not in self.started]
+            raise RunTimeoutError(
+                f"{len(missing)} of {np} workers did not start within start_timeout="
+                f"{limits.start_timeout:g} s: ranks {_ranks(missing)} never connected "
+                "to the driver. Check that the cluster has free slots and that workers can "
+                "reach the driver, or raise start_timeout.",
+                missing,
+            )
+        if limits.deadline is not None and now > limits.deadline:
+            if self.dump is None:
+                self.dump = self._ask_where(f"the run reached timeout={limits.timeout:g} s")
+            if self._stacks_in(now):
+                raise self.timeout_error(limits)
+
     def handle(self, conn: Connection | None, message: Any) -> None:
         peer = getattr(conn, "peer", None)
         if peer is not None:
             self.last_heard[peer] = time.monotonic()
+        if message is None or isinstance(message, _LIFECYCLE):
+            self._lifecycle(conn, message)
+        else:
+            self._report(message)
+
+    def _lifecycle(self, conn: Connection | None, message: Any) -> None:
+        """How a rank's process starts and ends."""
         match message:
             case None:  # a channel closed; the launcher reports the process's exit
-                rank = getattr(conn, "peer", None)
-                if rank is not None:
-                    self.closed.add(rank)
-                    if self.exits.get(rank) == 0:  # its exit came before its channel drained
-                        self._exited(rank, 0)
+                self._closed(conn)
             case Hello(rank=rank, host=host):
                 assert conn is not None  # a hello only ever arrives on a worker's channel
-                if not (isinstance(rank, int) and 0 <= rank < self.np) or rank in self.started:
-                    conn.close()
-                    return
-                conn.peer = rank
-                self.started[rank] = host
-                self.connections[rank] = conn
-                self.last_heard[rank] = time.monotonic()
-                conn.send(Payload(self.payload, self.collect_all or rank == 0))
-            case Output(rank=rank, stream=stream, text=text):
-                self._output(rank, stream, text)
+                self._hello(conn, rank, host)
             case Result(rank=rank, data=data):
                 self.results[rank] = data
             case Error(rank=rank, summary=summary, traceback=tb, time=when):
@@ -182,6 +193,12 @@ class Monitor:
             case EngineFailed(rank=rank, summary=summary, detail=detail, subject=subject):
                 failure = Failure(rank, summary, detail, False, time.time(), subject)
                 self.failures.setdefault(rank, failure)
+
+    def _report(self, message: Any) -> None:
+        """What a running rank says: its output, timeline, stalls, metrics, stacks."""
+        match message:
+            case Output(rank=rank, stream=stream, text=text):
+                self._output(rank, stream, text)
             case TimelineBatch(rank=rank, path=path, batch=batch):
                 self.timeline.receive(rank, path, batch)
             case Stall(text=text, missing=missing, stopping=stopping):
@@ -192,6 +209,24 @@ class Monitor:
                 for request in (self.dump, self.asked_by_user):
                     if request is not None:
                         request.answer(rank, text)
+
+    def _closed(self, conn: Connection | None) -> None:
+        rank = getattr(conn, "peer", None)
+        if rank is not None:
+            self.closed.add(rank)
+            if self.exits.get(rank) == 0:  # its exit came before its channel drained
+                self._exited(rank, 0)
+
+    def _hello(self, conn: Connection, rank: int, host: str) -> None:
+        """A rank connected: it gets the job, unless the rank is unknown or already here."""
+        if not (isinstance(rank, int) and 0 <= rank < self.np) or rank in self.started:
+            conn.close()
+            return
+        conn.peer = rank
+        self.started[rank] = host
+        self.connections[rank] = conn
+        self.last_heard[rank] = time.monotonic()
+        conn.send(Payload(self.payload, self.collect_all or rank == 0))
 
     def _stall(self, text: str | None, missing: tuple[int, ...], stopping: bool) -> None:
         """Rank 0's engine reports a stall (None: it is over); said on stderr, kept for timeouts.

@@ -114,7 +114,8 @@ class _config_file:
     temporary folder that is removed on the way out, whatever happened in the run."""
 
     def __init__(self, source: ConfigSource, config: dict[str, Any]):
-        self.source, self.config, self.folder = source, config, None
+        self.source, self.config = source, config
+        self.folder: str | None = None
 
     def __enter__(self) -> str:
         if isinstance(self.source, str | os.PathLike):

@@ -71,17 +71,8 @@ def reduce_gradients(
     postscale *= postscale_factor
     grads = list(grads)
     size = len(process_set.ranks)
-    reduce_these = []
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
-        if sparse_as_dense and isinstance(g, tf.IndexedSlices):
-            grads[i] = g = tf.convert_to_tensor(g)
-        if id(sources[i]) in local_sources:
-            if scale_local_gradients and size > 1:
-                grads[i] = _divided(g, size)
-            continue
-        reduce_these.append(i)
+    local_scale = size if scale_local_gradients and size > 1 else 1
+    reduce_these = _prepared(grads, sources, sparse_as_dense, local_sources, local_scale)
     if size == 1 and op == Average and prescale == postscale == 1.0:
         return grads
     for members in _groups_of(reduce_these, list(sources), groups):
@@ -96,6 +87,29 @@ def reduce_gradients(
         for i, r in zip(members, reduced, strict=True):
             grads[i] = r
     return grads
+
+
+def _prepared(
+    grads: list[Any],
+    sources: Sequence[Any],
+    sparse_as_dense: bool,
+    local_sources: frozenset[int],
+    local_scale: int,
+) -> list[int]:
+    """Ready `grads` in place (IndexedSlices made dense if asked, the local sources' divided by
+    `local_scale`); the indices of those to reduce."""
+    reduce_these = []
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if sparse_as_dense and isinstance(g, tf.IndexedSlices):
+            grads[i] = g = tf.convert_to_tensor(g)
+        if id(sources[i]) in local_sources:
+            if local_scale > 1:
+                grads[i] = _divided(g, local_scale)
+            continue
+        reduce_these.append(i)
+    return reduce_these
 
 
 def _divided(grad: Any, size: int) -> Any:
@@ -125,7 +139,9 @@ class _DistributedGradientTape:
         """A variable each rank keeps to itself: its gradient is not reduced (only scaled)."""
         self._hora["local"][id(source)] = source  # kept alive: its id stays its own
 
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any):
+    def gradient(
+        self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any
+    ) -> Any:
         grads = super(type(self), self).gradient(  # type: ignore[misc]
             target, sources, output_gradients, **kwargs
         )
@@ -172,7 +188,7 @@ def DistributedGradientTape(
     base = gradtape.__class__
     methods = {k: v for k, v in _DistributedGradientTape.__dict__.items() if not k.startswith("__")}
     methods.update(__module__=base.__module__, __qualname__=base.__qualname__)
-    cls = type(base.__name__, (base,), methods)
+    cls: Any = type(base.__name__, (base,), methods)  # a TF class, made here
     tape = cls.__new__(cls)
     tape.__dict__.update(gradtape.__dict__)
     tape._hora = {
@@ -219,5 +235,5 @@ def PartialDistributedGradientTape(
         scale_local_gradients,
     )
     for var in local_variables(local_layers):
-        tape.register_local_source(var)  # type: ignore[attr-defined]
+        tape.register_local_source(var)
     return tape

@@ -61,7 +61,7 @@ class RankTrack:
             ts, kind, key, phase, args = ev
             tid = tids.get(key)
             stack = stacks.get(tid) if tid is not None else None
-            if stack is None or held or (kind != "B" and kind != "E"):
+            if tid is None or stack is None or held or (kind != "B" and kind != "E"):
                 self._one(ev, out)
                 continue
             if kind == "B":

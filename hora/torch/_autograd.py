@@ -28,14 +28,22 @@ from hora.torch.compression import Compression, Compressor
 
 class HorovodAllreduce(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        name: str | None,
+        op: int,
+        prescale: float,
+        postscale: float,
+        process_set: ProcessSet,
+    ) -> torch.Tensor:
         ctx.args = (op, prescale, postscale, process_set)
         return synchronize(
             submit_allreduce([tensor], name, op, prescale, postscale, process_set, False, False)
         )
 
     @staticmethod
-    def backward(ctx: Any, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, prescale, postscale, process_set = ctx.args
         reduced = allreduce(
             grad.contiguous(),
@@ -49,7 +57,15 @@ class HorovodAllreduce(Function):
 
 class HorovodGroupedAllreduce(Function):
     @staticmethod
-    def forward(ctx: Any, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        name: str | None,
+        op: int,
+        prescale: float,
+        postscale: float,
+        process_set: ProcessSet,
+        *tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         ctx.args = (op, prescale, postscale, process_set)
         return tuple(
             synchronize(
@@ -60,7 +76,7 @@ class HorovodGroupedAllreduce(Function):
         )
 
     @staticmethod
-    def backward(ctx: Any, *grads):  # type: ignore[override]
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         op, prescale, postscale, process_set = ctx.args
         reduced = grouped_allreduce(
             [g.contiguous() for g in grads],
@@ -81,14 +97,16 @@ def _my_rows(dim: int, process_set: ProcessSet) -> int:
 
 class HorovodAllgather(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, name, process_set):  # type: ignore[override]
+    def forward(
+        ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet
+    ) -> torch.Tensor:
         handle = submit_allgather([tensor], name, process_set, False)
         ctx.dim = tensor.shape[0]
         ctx.process_set = process_set
         return synchronize(handle)
 
     @staticmethod
-    def backward(ctx: Any, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
         offset = _my_rows(ctx.dim, ctx.process_set)
         return reduced.narrow(0, offset, ctx.dim), None, None
@@ -96,14 +114,16 @@ class HorovodAllgather(Function):
 
 class HorovodGroupedAllgather(Function):
     @staticmethod
-    def forward(ctx: Any, name, process_set, *tensors):  # type: ignore[override]
+    def forward(
+        ctx: Any, name: str | None, process_set: ProcessSet, *tensors: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
         handle = submit_allgather(list(tensors), name, process_set, True)
         ctx.dims = [t.shape[0] for t in tensors]
         ctx.process_set = process_set
         return tuple(synchronize(handle))
 
     @staticmethod
-    def backward(ctx: Any, *grads):  # type: ignore[override]
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         reduced = grouped_allreduce(
             [g.contiguous() for g in grads], op=Average, process_set=ctx.process_set
         )
@@ -115,13 +135,19 @@ class HorovodGroupedAllgather(Function):
 
 class HorovodBroadcast(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, root_rank, name, process_set):  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        root_rank: int,
+        name: str | None,
+        process_set: ProcessSet,
+    ) -> torch.Tensor:
         ctx.root_rank = root_rank
         ctx.process_set = process_set
         return synchronize(submit_broadcast(tensor, root_rank, name, process_set, False))
 
     @staticmethod
-    def backward(ctx: Any, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         reduced = allreduce(grad.contiguous(), op=Average, process_set=ctx.process_set)
         if rank() != ctx.root_rank:
             reduced = reduced * 0
@@ -130,7 +156,13 @@ class HorovodBroadcast(Function):
 
 class HorovodAlltoall(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, splits, name, process_set):  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        splits: torch.Tensor | None,
+        name: str | None,
+        process_set: ProcessSet,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.process_set = process_set
         ctx.shape = tensor.shape
         # The rows each rank sent here, also for an even split (ranks' dim 0 may differ): the
@@ -142,7 +174,9 @@ class HorovodAlltoall(Function):
         return output, received
 
     @staticmethod
-    def backward(ctx: Any, grad, _grad_splits):  # type: ignore[override]
+    def backward(
+        ctx: Any, grad: torch.Tensor, _grad_splits: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
         back, _ = alltoall(grad.contiguous(), ctx.received, process_set=ctx.process_set)
         if back.shape[0] < ctx.shape[0]:  # rows that were not sent get no gradient
             pad = back.new_zeros((ctx.shape[0] - back.shape[0], *back.shape[1:]))
@@ -152,7 +186,15 @@ class HorovodAlltoall(Function):
 
 class HorovodReducescatter(Function):
     @staticmethod
-    def forward(ctx: Any, tensor, name, op, prescale, postscale, process_set):  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        name: str | None,
+        op: int,
+        prescale: float,
+        postscale: float,
+        process_set: ProcessSet,
+    ) -> torch.Tensor:
         ctx.op = op
         ctx.process_set = process_set
         return synchronize(
@@ -160,7 +202,7 @@ class HorovodReducescatter(Function):
         )
 
     @staticmethod
-    def backward(ctx: Any, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         gathered = allgather(grad.contiguous(), process_set=ctx.process_set)
         if ctx.op == Sum:
             gathered = gathered * len(ctx.process_set.ranks)
@@ -169,7 +211,15 @@ class HorovodReducescatter(Function):
 
 class HorovodGroupedReducescatter(Function):
     @staticmethod
-    def forward(ctx: Any, name, op, prescale, postscale, process_set, *tensors):  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        name: str | None,
+        op: int,
+        prescale: float,
+        postscale: float,
+        process_set: ProcessSet,
+        *tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
         ctx.op = op
         ctx.process_set = process_set
         return tuple(
@@ -181,7 +231,7 @@ class HorovodGroupedReducescatter(Function):
         )
 
     @staticmethod
-    def backward(ctx: Any, *grads):  # type: ignore[override]
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         gathered = grouped_allgather([g.contiguous() for g in grads], process_set=ctx.process_set)
         if ctx.op == Sum:
             gathered = [g * len(ctx.process_set.ranks) for g in gathered]

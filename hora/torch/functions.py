@@ -115,8 +115,8 @@ def _initialise_state(optimizer: torch.optim.Optimizer, params: list[torch.Tenso
     saved = [(p, p.detach().clone(), p.grad) for p in params if p.requires_grad]
     sparse = isinstance(optimizer, torch.optim.SparseAdam)
     for p, _, _ in saved:
-        grad = torch.zeros_like(p.detach())
-        p.grad = grad.to_sparse() if sparse else grad
+        zeros = torch.zeros_like(p.detach())
+        p.grad = zeros.to_sparse() if sparse else zeros
     step_without_sync = getattr(optimizer, "_step_without_sync", None)
     with torch.no_grad():
         if step_without_sync is not None:  # a DistributedOptimizer must not reduce here

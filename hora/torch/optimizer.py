@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
@@ -33,6 +34,13 @@ from hora.torch.mpi_ops import (
 )
 
 __all__ = ["DistributedOptimizer"]
+
+# The mixin below is only ever combined with an optimizer class (see DistributedOptimizer): to a
+# type checker it is one, to Python a plain object until then.
+if TYPE_CHECKING:
+    _Optimizer = torch.optim.Optimizer
+else:
+    _Optimizer = object
 
 # Buckets are what overlaps with backward: DDP's 25 MiB is a good trade between overlap and the
 # per-call latency; HOROVOD_FUSION_THRESHOLD, when lower, caps them (0: one tensor per call).
@@ -94,13 +102,15 @@ def _unflatten(group: list[tuple[torch.Tensor, torch.Tensor]], result: torch.Ten
     for p, grad in group:
         chunk = result[offset : offset + grad.numel()].view_as(grad)
         offset += grad.numel()
-        if p.grad.is_sparse:  # sparse_as_dense: the optimizer expects a sparse gradient back
+        current = p.grad
+        assert current is not None  # it had the gradient that was sent
+        if current.is_sparse:  # sparse_as_dense: the optimizer expects a sparse gradient back
             p.grad = chunk.to_sparse()
-        elif chunk.data_ptr() != p.grad.data_ptr():
-            p.grad.copy_(chunk)
+        elif chunk.data_ptr() != current.data_ptr():
+            current.copy_(chunk)
 
 
-class _DistributedOptimizer:
+class _DistributedOptimizer(_Optimizer):
     """Mixed in before the wrapped optimizer's class, so `isinstance(opt, type(wrapped))` holds."""
 
     def __init__(
@@ -115,11 +125,11 @@ class _DistributedOptimizer:
         sparse_as_dense: bool,
         process_set: ProcessSet,
     ) -> None:
-        base = type(optimizer)
+        init: Callable[..., None] = type(optimizer).__init__  # each optimizer has its own
         try:  # keep the wrapped optimizer's defaults for later add_param_group calls
-            base.__init__(self, optimizer.param_groups, **optimizer.defaults)
+            init(self, optimizer.param_groups, **optimizer.defaults)
         except TypeError:
-            base.__init__(self, optimizer.param_groups)
+            init(self, optimizer.param_groups)
             self.defaults = dict(optimizer.defaults)
         self.state.update(optimizer.state)
 
@@ -147,8 +157,8 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._should_synchronize = True
 
-        ps_size = process_set.size() if process_set.included() else None
-        self._reducing = bool(ps_size) and (ps_size > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        ps_size = (process_set.size() or 0) if process_set.included() else 0
+        self._reducing = ps_size > 1 or (ps_size == 1 and os.environ.get("HOROVOD_ELASTIC") == "1")
         if self._reducing:
             self._make_buckets()
             self._register_hooks()
@@ -237,26 +247,34 @@ class _DistributedOptimizer:
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def _submit(self, index: int) -> None:
-        """Send bucket `index`: one flat buffer per dtype, so the engine gets one tensor per kind
-        (fewer names to match, one copy in and one out) and compression casts once."""
-        kinds: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    def _by_kind(
+        self, index: int
+    ) -> dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Bucket `index`'s (parameter, dense gradient) pairs by dtype and device; its sparse
+        gradients (unless sparse_as_dense) are sent here, on their own."""
         plain = self._plain_group(index)
         if plain:
-            kinds[(plain[0][1].dtype, plain[0][1].device)] = plain
-        for p in self._buckets[index] if not plain else ():
+            return {(plain[0][1].dtype, plain[0][1].device): plain}
+        kinds: dict[tuple[torch.dtype, torch.device], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for p in self._buckets[index]:
             if p.grad is None:  # not used on this rank: another rank may have used it
                 p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
             grad = p.grad
             if grad.is_sparse:
                 if not self.sparse_as_dense:
                     if p not in self._sparse:
-                        self._sparse[p] = self._sparse_allreduce_async(p)
+                        self._sparse[p] = self._sparse_allreduce_async(p, grad)
                     continue
                 grad = grad.to_dense()
             elif not grad.is_contiguous():
                 grad = grad.contiguous()
             kinds.setdefault((grad.dtype, grad.device), []).append((p, grad))
+        return kinds
+
+    def _submit(self, index: int) -> None:
+        """Send bucket `index`: one flat buffer per dtype, so the engine gets one tensor per kind
+        (fewer names to match, one copy in and one out) and compression casts once."""
+        kinds = self._by_kind(index)
         if not kinds:
             self._pending[index] = _Pending(None, [], [], [])
             return
@@ -288,10 +306,12 @@ class _DistributedOptimizer:
         )
         self._pending[index] = _Pending(handle, members, sent, ctxs)
 
-    def _sparse_allreduce_async(self, p: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def _sparse_allreduce_async(
+        self, p: torch.Tensor, grad: torch.Tensor
+    ) -> Callable[[], torch.Tensor]:
         """Sparse gradients travel as an allgather of indices and values, summed by coalescing."""
         return sparse_allreduce_async(
-            p.grad,
+            grad,
             name=f"DistributedOptimizer.{self._names[p]}",
             op=self.op,
             process_set=self.process_set,
@@ -347,18 +367,18 @@ class _DistributedOptimizer:
         return self._step_without_sync(closure)
 
     def _step_without_sync(self, closure: Callable[[], float] | None = None) -> Any:
-        return super().step(closure)  # type: ignore[misc]
+        return super().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._pending or self._fired:
             raise AssertionError(_ZERO_GRAD_PENDING)
-        super().zero_grad(set_to_none)  # type: ignore[misc]
+        super().zero_grad(set_to_none)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._reset_step()
         self._synchronized = False
         self._should_synchronize = True
-        super().load_state_dict(state_dict)  # type: ignore[misc]
+        super().load_state_dict(state_dict)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         if passes <= 0:
@@ -382,8 +402,7 @@ def _parameter_names(
             "named_parameters should be a sequence of tuples (name, parameter), usually produced "
             "by model.named_parameters()."
         )
-    seen: set[str] = set()
-    dups = sorted({name for name, _ in named if name in seen or seen.add(name)})
+    dups = sorted(name for name, count in Counter(name for name, _ in named).items() if count > 1)
     if dups:
         raise ValueError(
             "Parameter names in named_parameters must be unique. "

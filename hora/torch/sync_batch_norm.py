@@ -45,10 +45,11 @@ class SyncBatchNorm(_BatchNorm):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(input)
         momentum = 0.0 if self.momentum is None else self.momentum
-        if self.training and self.track_running_stats:
-            self.num_batches_tracked.add_(1)
+        tracked = self.num_batches_tracked  # a tensor whenever track_running_stats is on
+        if self.training and self.track_running_stats and tracked is not None:
+            tracked.add_(1)
             if self.momentum is None:  # cumulative moving average
-                momentum = 1.0 / float(self.num_batches_tracked)
+                momentum = 1.0 / float(tracked)
         use_batch_stats = self.training or not self.track_running_stats
         if not use_batch_stats or size() == 1:
             return F.batch_norm(
@@ -79,7 +80,7 @@ def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
 
 class _SyncBatchNormFn(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor | None,

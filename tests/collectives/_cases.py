@@ -547,6 +547,12 @@ def poll_is_async(r: int, n: int) -> None:
     close(out, torch.full((2,), float(n)))
 
 
+def _poll_until_done(handles: list[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(hvd.poll(h) for h in handles) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 @case
 def threads_wait_together(r: int, n: int) -> None:
     # A caller blocked in synchronize drives the engine; several threads wait at once here, one
@@ -566,9 +572,7 @@ def threads_wait_together(r: int, n: int) -> None:
                 for k in range(count)
             ]
             if tag == "p":
-                deadline = time.monotonic() + 30
-                while not all(hvd.poll(h) for h in hs) and time.monotonic() < deadline:
-                    time.sleep(0.001)
+                _poll_until_done(hs, timeout=30)
             results[tag] = [hvd.synchronize(h) for h in hs]
             if tag == "a":
                 a_done.set()

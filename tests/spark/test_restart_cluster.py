@@ -12,7 +12,7 @@ import torch
 
 import hora
 from tests.restart import _cases
-from tests.spark.conftest import start_spark, stop_spark, worker_processes
+from tests.spark.conftest import start_spark, stop_spark, tagged_processes, worker_processes
 
 pytestmark = pytest.mark.spark
 
@@ -27,10 +27,13 @@ def spark():
 
 
 def executor_pids() -> set[int]:
+    """This test session's executor JVMs (another session on the machine may run its own)."""
+    ours = set(tagged_processes())
     return {
         p.pid
         for p in psutil.process_iter(["cmdline"])
-        if any("CoarseGrainedExecutorBackend" in part for part in p.info["cmdline"] or ())
+        if p.pid in ours
+        and any("CoarseGrainedExecutorBackend" in part for part in p.info["cmdline"] or ())
     }
 
 

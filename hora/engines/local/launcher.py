@@ -30,17 +30,7 @@ class LocalLauncher(Launcher):
         self._store, port = host_store(LOOPBACK)
         self._port = port
         for place in environment.placements([LOOPBACK] * ctx.np):
-            env = environment.worker_env(place, LOOPBACK, port, user_env=ctx.env)
-            rank = place.rank
-            self._workers.append(
-                WorkerProcess(
-                    ctx.boot(rank),
-                    env,
-                    on_line=lambda stream, line, r=rank: ctx.report(Output(r, stream, line)),
-                    on_exit=lambda code, r=rank: ctx.report(Exited(r, code)),
-                    cwd=os.getcwd(),
-                )
-            )
+            self._workers.append(_start_worker(ctx, place, port))
 
     def stop(self) -> None:
         stop_all(self._workers, STOP_GRACE_SECONDS)
@@ -48,3 +38,15 @@ class LocalLauncher(Launcher):
             remove_segments_left((LOOPBACK, self._port))
         self._workers = []
         self._store = None
+
+
+def _start_worker(ctx: LaunchContext, place: environment.RankPlacement, port: int) -> WorkerProcess:
+    """One rank's process; its output and exit reach the driver as that rank's."""
+    rank = place.rank
+    return WorkerProcess(
+        ctx.boot(rank),
+        environment.worker_env(place, LOOPBACK, port, user_env=ctx.env),
+        on_line=lambda stream, line: ctx.report(Output(rank, stream, line)),
+        on_exit=lambda code: ctx.report(Exited(rank, code)),
+        cwd=os.getcwd(),
+    )

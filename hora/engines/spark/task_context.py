@@ -152,57 +152,61 @@ class TaskLink:
         return self._snapshot[name]
 
 
+class _RankTaskContext:
+    """The Spark task that started this rank, seen from the rank: every method asks the task
+    (mixed into the rank's own pyspark BarrierTaskContext by `proxy_class`)."""
+
+    _taskcontext: ModuleType  # the rank's pyspark.taskcontext, set by proxy_class
+
+    def __new__(cls, link: TaskLink) -> _RankTaskContext:
+        return object.__new__(cls)  # pyspark's __new__ hands out its singleton
+
+    def __init__(self, link: TaskLink):
+        self._link = link
+
+    def stageId(self) -> int:
+        return int(self._link.value("stageId"))
+
+    def partitionId(self) -> int:
+        return int(self._link.value("partitionId"))
+
+    def attemptNumber(self) -> int:
+        return int(self._link.value("attemptNumber"))
+
+    def taskAttemptId(self) -> int:
+        return int(self._link.value("taskAttemptId"))
+
+    def cpus(self) -> int:
+        return int(self._link.value("cpus"))
+
+    def cpuAmount(self) -> Decimal:
+        amount = self._link.value("cpuAmount")
+        return Decimal(amount if amount is not None else self.cpus())
+
+    def resources(self) -> dict[str, Any]:
+        info = self._taskcontext.ResourceInformation
+        return {name: info(name, a) for name, a in self._link.value("resources").items()}
+
+    def getTaskInfos(self) -> list[Any]:
+        return [self._taskcontext.BarrierTaskInfo(a) for a in self._link.value("taskInfos")]
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return self._link.call("getLocalProperty", key)
+
+    def allGather(self, message: str = "") -> list[str]:
+        if not isinstance(message, str):
+            raise TypeError("Argument `message` must be of type `str`")
+        return list(self._link.call("allGather", message))
+
+    def barrier(self) -> None:
+        self._link.call("barrier")
+
+
 def proxy_class(taskcontext: ModuleType) -> type:
     """A BarrierTaskContext (so `TaskContext.get()` and `BarrierTaskContext.get()` both return
     it) whose every method asks the rank's task, built on the rank's own pyspark."""
-
-    class RankTaskContext(taskcontext.BarrierTaskContext):  # type: ignore[name-defined,misc]
-        """The Spark task that started this rank, seen from the rank."""
-
-        def __new__(cls, link: TaskLink) -> RankTaskContext:
-            return object.__new__(cls)  # pyspark's __new__ hands out its singleton
-
-        def __init__(self, link: TaskLink):
-            self._link = link
-
-        def stageId(self) -> int:
-            return int(self._link.value("stageId"))
-
-        def partitionId(self) -> int:
-            return int(self._link.value("partitionId"))
-
-        def attemptNumber(self) -> int:
-            return int(self._link.value("attemptNumber"))
-
-        def taskAttemptId(self) -> int:
-            return int(self._link.value("taskAttemptId"))
-
-        def cpus(self) -> int:
-            return int(self._link.value("cpus"))
-
-        def cpuAmount(self) -> Decimal:
-            amount = self._link.value("cpuAmount")
-            return Decimal(amount if amount is not None else self.cpus())
-
-        def resources(self) -> dict[str, Any]:
-            info = taskcontext.ResourceInformation
-            return {name: info(name, a) for name, a in self._link.value("resources").items()}
-
-        def getTaskInfos(self) -> list[Any]:
-            return [taskcontext.BarrierTaskInfo(a) for a in self._link.value("taskInfos")]
-
-        def getLocalProperty(self, key: str) -> str | None:
-            return self._link.call("getLocalProperty", key)
-
-        def allGather(self, message: str = "") -> list[str]:
-            if not isinstance(message, str):
-                raise TypeError("Argument `message` must be of type `str`")
-            return list(self._link.call("allGather", message))
-
-        def barrier(self) -> None:
-            self._link.call("barrier")
-
-    return RankTaskContext
+    bases = (_RankTaskContext, taskcontext.BarrierTaskContext)
+    return type("RankTaskContext", bases, {"_taskcontext": taskcontext})
 
 
 def install(secret: bytes, environ: Mapping[str, str] | None = None) -> None:

@@ -7,6 +7,7 @@ import copy
 import datetime
 import math
 import secrets
+import types
 import warnings
 from typing import Any
 
@@ -130,6 +131,32 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
 
     def _checked_settings(self) -> dict[str, Any]:
         """Every param that can be wrong on its own, checked; the store parsed."""
+        self._check_model_and_optimizer()
+        for name in ("feature_cols", "label_cols"):
+            if not self.isDefined(getattr(self, name)) or not self.getOrDefault(name):
+                raise ValueError(f"{name} is required: a list of column names")
+        losses, weights = self._checked_losses()
+        metrics = list(self.getMetrics() or [])
+        if not all(callable(m) for m in metrics):
+            raise ValueError("metrics must be callables metric(output, label) -> number")
+        self._check_counts()
+        self._check_validation()
+        if self.getOutputType() not in OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}")
+        store = self.getStore()
+        if store is None:
+            raise ValueError(
+                "store is required: a directory (or URI) where the data, checkpoints, event "
+                "files and the final model go, e.g. store='/dbfs/tmp/hora'"
+            )
+        return {
+            "store": Store.parse(store),
+            "losses": losses,
+            "loss_weights": [float(w) for w in weights],
+            "metrics": metrics,
+        }
+
+    def _check_model_and_optimizer(self) -> None:
         import torch
 
         model = self.getModel()
@@ -147,9 +174,9 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 "the optimizer holds tensors that are not the model's parameters; build it from "
                 "model.parameters()"
             )
-        for name in ("feature_cols", "label_cols"):
-            if not self.isDefined(getattr(self, name)) or not self.getOrDefault(name):
-                raise ValueError(f"{name} is required: a list of column names")
+
+    def _checked_losses(self) -> tuple[list[Any], list[Any]]:
+        """One loss and one weight per label column."""
         n_labels = len(self.getLabelCols())
         loss = self.getLoss() if self.isDefined(self.loss) else None
         losses = list(loss) if isinstance(loss, list | tuple) else [loss] * n_labels
@@ -161,9 +188,9 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         weights = self.getLossWeights() or [1.0] * n_labels
         if len(weights) != n_labels:
             raise ValueError(f"loss_weights needs {n_labels} weights, got {weights!r}")
-        metrics = list(self.getMetrics() or [])
-        if not all(callable(m) for m in metrics):
-            raise ValueError("metrics must be callables metric(output, label) -> number")
+        return losses, weights
+
+    def _check_counts(self) -> None:
         for name in ("batch_size", "epochs"):
             value = self.getOrDefault(name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -171,6 +198,9 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         num_proc = self.getNumProc()
         if num_proc is not None and (not isinstance(num_proc, int) or num_proc < 1):
             raise ValueError(f"num_proc must be an int >= 1 or None, got {num_proc!r}")
+
+    def _check_validation(self) -> None:
+        """A fraction (stored as a float) or a column name."""
         validation = self.getValidation()
         if isinstance(validation, int | float) and not isinstance(validation, bool):
             if not 0 < validation < 1:
@@ -181,20 +211,6 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 "validation must be None, a fraction in (0, 1) or the name of a boolean column, "
                 f"got {validation!r}"
             )
-        if self.getOutputType() not in OUTPUT_TYPES:
-            raise ValueError(f"output_type must be one of {OUTPUT_TYPES}")
-        store = self.getStore()
-        if store is None:
-            raise ValueError(
-                "store is required: a directory (or URI) where the data, checkpoints, event "
-                "files and the final model go, e.g. store='/dbfs/tmp/hora'"
-            )
-        return {
-            "store": Store.parse(store),
-            "losses": losses,
-            "loss_weights": [float(w) for w in weights],
-            "metrics": metrics,
-        }
 
     def _model_from(
         self,
@@ -264,15 +280,15 @@ def _try_on_a_sample(
     tensors = [torch.from_numpy(a.copy()) for a in head]
     shapes = ", ".join(f"{s.name} {tuple(t.shape)}" for s, t in zip(specs, tensors, strict=True))
 
-    class _Sample:
-        losses = settings["losses"]
-        loss_weights = settings["loss_weights"]
-
-    _Sample.model = copy.deepcopy(model).eval()  # eval: one row must do (BatchNorm)
+    sample = types.SimpleNamespace(
+        model=copy.deepcopy(model).eval(),  # eval: one row must do (BatchNorm)
+        losses=settings["losses"],
+        loss_weights=settings["loss_weights"],
+    )
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a broadcasting loss warns; here that is a mistake
-            loss, outputs = step_loss(_Sample, tensors[:n], tensors[n:])
+            loss, outputs = step_loss(sample, tensors[:n], tensors[n:])
             if loss.dim() != 0 or not math.isfinite(loss.item()):
                 raise ValueError(f"the loss is {tuple(loss.shape)}-shaped, not one number")
             metric_values(settings["metrics"], outputs, tensors[n:])

@@ -92,29 +92,7 @@ def prepare(
     if isinstance(validation, str):
         columns.append(F.col(validation).cast("boolean").alias("is_validation"))
     data = df.select(*columns)
-    row_hash = F.xxhash64(*[F.col(c) for c in data.columns])
-    stats = [
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.shiftright(row_hash, 32)).alias("high"),
-        F.sum(row_hash.bitwiseAND(0xFFFFFFFF)).alias("low"),
-    ]
-    for spec, name in zip(specs, names, strict=True):
-        if spec.kind != "scalar":
-            sizes = F.coalesce(F.size(name), F.lit(-1))
-            stats += [F.min(sizes).alias(f"{name}_min"), F.max(sizes).alias(f"{name}_max")]
-    facts = data.agg(*stats).collect()[0].asDict()
-    if not facts["rows"]:
-        raise ValueError("the DataFrame is empty: there is nothing to train on")
-    for spec, name in zip(specs, names, strict=True):
-        if spec.kind != "scalar":
-            low, high, wanted = facts[f"{name}_min"], facts[f"{name}_max"], math.prod(spec.shape)
-            if not low == high == wanted:
-                raise ValueError(
-                    f"column {spec.name!r} holds arrays of {low} to {high} values (or nulls, "
-                    f"counted as -1), not {wanted} in every row; a batch needs one length: pad, "
-                    "truncate or filter them"
-                )
-
+    facts = _checked_facts(data, specs, names)
     key = _fingerprint(facts, specs, validation, seed)
     done = store.data(key, _DONE)
     if store.exists(done):
@@ -145,6 +123,37 @@ def prepare(
     }
     store.write_bytes(done, json.dumps(info).encode())
     return _prepared(store, key, info, specs, n_features, reused=False)
+
+
+def _checked_facts(data: Any, specs: list[ColumnSpec], names: list[str]) -> dict[str, Any]:
+    """One pass over the selected columns: the row count, a content hash, and every array
+    column's shortest and longest row, which must both be the length its spec says."""
+    from pyspark.sql import functions as F
+
+    row_hash = F.xxhash64(*[F.col(c) for c in data.columns])
+    stats = [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.shiftright(row_hash, 32)).alias("high"),
+        F.sum(row_hash.bitwiseAND(0xFFFFFFFF)).alias("low"),
+    ]
+    arrays = [
+        (spec, name) for spec, name in zip(specs, names, strict=True) if spec.kind != "scalar"
+    ]
+    for _, name in arrays:
+        sizes = F.coalesce(F.size(name), F.lit(-1))
+        stats += [F.min(sizes).alias(f"{name}_min"), F.max(sizes).alias(f"{name}_max")]
+    facts: dict[str, Any] = data.agg(*stats).collect()[0].asDict()
+    if not facts["rows"]:
+        raise ValueError("the DataFrame is empty: there is nothing to train on")
+    for spec, name in arrays:
+        low, high, wanted = facts[f"{name}_min"], facts[f"{name}_max"], math.prod(spec.shape)
+        if not low == high == wanted:
+            raise ValueError(
+                f"column {spec.name!r} holds arrays of {low} to {high} values (or nulls, "
+                f"counted as -1), not {wanted} in every row; a batch needs one length: pad, "
+                "truncate or filter them"
+            )
+    return facts
 
 
 def _shapes(
@@ -317,38 +326,18 @@ class Batches:
         return self._in_background(torch.arange(self._held))
 
     def _in_background(self, order: Any) -> Iterator[list[Any]]:
-        out: queue.Queue = queue.Queue(maxsize=self._prefetch)
+        """The batches of `order`, gathered (and moved to the device) by a thread that keeps
+        `prefetch` of them ready while the loop trains on the last."""
+        out: queue.Queue[Any] = queue.Queue(maxsize=self._prefetch)
         stop = threading.Event()
-        end = object()
-
-        def put(item: Any) -> bool:
-            while not stop.is_set():
-                try:
-                    out.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def produce() -> None:
-            try:
-                for begin in range(0, len(order), self._batch_size):
-                    index = order[begin : begin + self._batch_size]
-                    batch = [t.index_select(0, index) for t in self._tensors]
-                    if self._device.type != "cpu":
-                        batch = [t.pin_memory().to(self._device, non_blocking=True) for t in batch]
-                    if not put(batch):
-                        return
-                put(end)
-            except BaseException as e:  # handed to the loop, raised there
-                put(e)
-
-        thread = threading.Thread(target=produce, name="hora-feed", daemon=True)
+        thread = threading.Thread(
+            target=self._produce, args=(order, out, stop), name="hora-feed", daemon=True
+        )
         thread.start()
         try:
             while True:
                 item = out.get()
-                if item is end:
+                if item is _END:
                     return
                 if isinstance(item, BaseException):
                     raise item
@@ -356,6 +345,33 @@ class Batches:
         finally:
             stop.set()
             thread.join()
+
+    def _produce(self, order: Any, out: queue.Queue[Any], stop: threading.Event) -> None:
+        try:
+            for begin in range(0, len(order), self._batch_size):
+                index = order[begin : begin + self._batch_size]
+                batch = [t.index_select(0, index) for t in self._tensors]
+                if self._device.type != "cpu":
+                    batch = [t.pin_memory().to(self._device, non_blocking=True) for t in batch]
+                if not _put(out, stop, batch):
+                    return
+            _put(out, stop, _END)
+        except BaseException as e:  # handed to the loop, raised there
+            _put(out, stop, e)
+
+
+_END = object()  # the producer's last word
+
+
+def _put(out: queue.Queue[Any], stop: threading.Event, item: Any) -> bool:
+    """Hand `item` to the loop; False once the loop has stopped listening."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def _as_tensor(array: np.ndarray) -> Any:

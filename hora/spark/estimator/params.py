@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
@@ -12,25 +13,22 @@ def _param(name: str, doc: str, converter: Any = None) -> Param:
     return Param(Params._dummy(), name, doc, typeConverter=converter or TypeConverters.identity)
 
 
-def _camel(name: str) -> str:
-    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+_P = TypeVar("_P", bound=Params)
 
 
-def _accessors(cls: type, names: list[str]) -> type:
-    """Add getX/setX for every param in `names` (snake_case names, Horovod's camelCase methods)."""
-    for name in names:
+def _accessors(name: str) -> tuple[Callable[[Params], Any], Callable[[_P, Any], _P]]:
+    """getX and setX of the param `name` (Horovod's camelCase methods over snake_case params),
+    declared in the class body so that type checkers and readers see them."""
 
-        def getter(self: Params, _name: str = name) -> Any:
-            return self.getOrDefault(getattr(self, _name))
+    def getter(self: Params) -> Any:
+        return self.getOrDefault(getattr(self, name))
 
-        def setter(self: Params, value: Any, _name: str = name) -> Params:
-            return self._set(**{_name: value})
+    def setter(self: _P, value: Any) -> _P:
+        return self._set(**{name: value})
 
-        getter.__doc__ = f"The value of `{name}`."
-        setter.__doc__ = f"Set `{name}`; returns self."
-        setattr(cls, f"get{_camel(name)}", getter)
-        setattr(cls, f"set{_camel(name)}", setter)
-    return cls
+    getter.__doc__ = f"The value of `{name}`."
+    setter.__doc__ = f"Set `{name}`; returns self."
+    return getter, setter
 
 
 _STR_LIST = TypeConverters.toListString
@@ -48,8 +46,11 @@ class SharedParams(Params):
     batch_size = _param("batch_size", "rows per batch on each rank", TypeConverters.toInt)
     run_id = _param("run_id", "the run's name under <store>/runs/")
 
-
-_SHARED = ["feature_cols", "label_cols", "input_shapes", "batch_size", "run_id"]
+    getFeatureCols, setFeatureCols = _accessors("feature_cols")
+    getLabelCols, setLabelCols = _accessors("label_cols")
+    getInputShapes, setInputShapes = _accessors("input_shapes")
+    getBatchSize, setBatchSize = _accessors("batch_size")
+    getRunId, setRunId = _accessors("run_id")
 
 
 class EstimatorParams(SharedParams):
@@ -71,6 +72,22 @@ class EstimatorParams(SharedParams):
     output_cols = _param("output_cols", "output columns of the model made by fit", _STR_LIST)
     output_type = _param("output_type", "'auto', 'double', 'array' or 'vector'")
 
+    getModel, setModel = _accessors("model")
+    getOptimizer, setOptimizer = _accessors("optimizer")
+    getLoss, setLoss = _accessors("loss")
+    getLossWeights, setLossWeights = _accessors("loss_weights")
+    getMetrics, setMetrics = _accessors("metrics")
+    getEpochs, setEpochs = _accessors("epochs")
+    getValidation, setValidation = _accessors("validation")
+    getStore, setStore = _accessors("store")
+    getNumProc, setNumProc = _accessors("num_proc")
+    getCallbacks, setCallbacks = _accessors("callbacks")
+    getShuffle, setShuffle = _accessors("shuffle")
+    getRandomSeed, setRandomSeed = _accessors("random_seed")
+    getVerbose, setVerbose = _accessors("verbose")
+    getOutputCols, setOutputCols = _accessors("output_cols")
+    getOutputType, setOutputType = _accessors("output_type")
+
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(
@@ -79,15 +96,6 @@ class EstimatorParams(SharedParams):
             random_seed=None, verbose=1, output_cols=None, output_type="auto",
         )  # fmt: skip
 
-
-_accessors(
-    EstimatorParams,
-    [
-        *_SHARED, "model", "optimizer", "loss", "loss_weights", "metrics", "epochs",
-        "validation", "store", "num_proc", "callbacks", "shuffle", "random_seed", "verbose",
-        "output_cols", "output_type",
-    ],
-)  # fmt: skip
 
 ESTIMATOR_OBJECTS = ("model", "optimizer", "loss", "loss_weights", "metrics", "callbacks")
 
@@ -99,6 +107,11 @@ class ModelParams(SharedParams):
     output_type = _param("output_type", "'auto', 'double', 'array' or 'vector'")
     store = _param("store", "the store the model was trained in")
 
+    getHistory, setHistory = _accessors("history")
+    getOutputCols, setOutputCols = _accessors("output_cols")
+    getOutputType, setOutputType = _accessors("output_type")
+    getStore, setStore = _accessors("store")
+
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(
@@ -106,7 +119,5 @@ class ModelParams(SharedParams):
             output_type="auto", store=None,
         )  # fmt: skip
 
-
-_accessors(ModelParams, [*_SHARED, "history", "output_cols", "output_type", "store"])
 
 MODEL_OBJECTS = ("model", "history")

@@ -12,12 +12,15 @@ The path is a local path, a `file:` URI or any URI pyarrow opens, as the store.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
 from hora.spark.estimator.store import Store
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
 
 
 class HoraWriter(MLWriter):
@@ -69,7 +72,7 @@ class HoraReader(MLReader):
         return instance
 
 
-def _spark_context():
+def _spark_context() -> SparkContext:
     from pyspark import SparkContext
 
     context = SparkContext._active_spark_context

@@ -143,62 +143,25 @@ def train_on_rank(job: TrainJob) -> None:
     history: list[dict[str, float]] = []
     start = 0
     if found is not None:
-        model.load_state_dict(found.state["model"])
-        optimizer.load_state_dict(found.state["optimizer"])
-        start, history = found.state["epoch"], list(found.state["history"])
-        states = found.state["rng"]
-        if len(states) == size:
-            _set_rng_state(states[rank])
-        elif rank == 0:
-            log_to_driver(
-                f"hora: the run was trained on {len(states)} ranks and continues on {size}: "
-                "the epochs after the resume are not those of an uninterrupted run"
-            )
+        start, history = _resume(found.state, model, optimizer, rank, size)
     else:
         torch.manual_seed(feed.epoch_seed(job.seed, -1, rank))
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     data = job.data
-    rows_per_epoch = data.train_rows // size
-    specs: list[ColumnSpec] = [*data.features, *data.labels]
     n_in = len(data.features)
-    train = feed.Batches(
-        feed.read_shard(job.store, data.train_path, specs, rank, size),
-        rows_per_epoch,
-        job.batch_size,
-        device,
-    )
+    train = _shard(job, data.train_path, data.train_rows // size, device, rank, size)
     validation = None
     if data.validation_path is not None:
-        validation = feed.Batches(
-            feed.read_shard(job.store, data.validation_path, specs, rank, size),
-            data.validation_rows,
-            job.batch_size,
-            device,
-        )
+        validation = _shard(job, data.validation_path, data.validation_rows, device, rank, size)
     names = metric_names(job.metrics)
     events = EpochEvents(job.store, job.run_id) if rank == 0 else None
     _call(job.callbacks, "on_train_begin")
     for epoch in range(start, job.epochs):
         began = time.perf_counter()
         _call(job.callbacks, "on_epoch_begin", epoch)
-        model.train()
-        sums = torch.zeros(2 + len(names), dtype=torch.float64)
-        seed = feed.epoch_seed(job.seed, epoch, rank) if job.shuffle else None
-        for batch in train.epoch(seed):
-            inputs, labels = batch[:n_in], batch[n_in:]
-            optimizer.zero_grad()
-            loss, outputs = step_loss(_Job(model, job), inputs, labels)
-            loss.backward()
-            optimizer.step()
-            rows = len(labels[0])
-            with torch.no_grad():
-                values = [loss.item(), *metric_values(job.metrics, outputs, labels)]
-            sums += torch.tensor([rows, *(v * rows for v in values)], dtype=torch.float64)
-        totals = hvd.allreduce(sums, op=hvd.Sum, name=f"estimator.train.{epoch}")
-        logs = {"loss": totals[1].item() / totals[0].item()}
-        logs.update({n: totals[2 + i].item() / totals[0].item() for i, n in enumerate(names)})
+        logs, rows = _train_epoch(model, optimizer, job, train, names, n_in, epoch, hvd)
         if validation is not None:
             logs.update(_evaluate(model, job, validation, names, n_in, epoch, hvd))
         seconds = time.perf_counter() - began
@@ -222,7 +185,7 @@ def train_on_rank(job: TrainJob) -> None:
             events.write(epoch, logs)
             if job.verbose:
                 shown = ", ".join(f"{k} {v:.4f}" for k, v in logs.items())
-                rate = totals[0].item() / seconds
+                rate = rows / seconds
                 log_to_driver(f"hora: epoch {epoch + 1}/{job.epochs}: {shown}, {rate:.0f} rows/s")
         _call(job.callbacks, "on_epoch_end", epoch, dict(logs))
     _call(job.callbacks, "on_train_end", list(history))
@@ -234,6 +197,24 @@ def train_on_rank(job: TrainJob) -> None:
     hvd.shutdown()
 
 
+def _resume(
+    state: dict[str, Any], model: Any, optimizer: Any, rank: int, size: int
+) -> tuple[int, list[dict[str, float]]]:
+    """Load a checkpoint's model, optimizer and random state; the epoch to go on from and the
+    history so far."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    states = state["rng"]
+    if len(states) == size:
+        _set_rng_state(states[rank])
+    elif rank == 0:
+        log_to_driver(
+            f"hora: the run was trained on {len(states)} ranks and continues on {size}: "
+            "the epochs after the resume are not those of an uninterrupted run"
+        )
+    return state["epoch"], list(state["history"])
+
+
 class _Job:
     """A model with a job's losses, for `step_loss` (the device-moved model, not job.model)."""
 
@@ -241,6 +222,48 @@ class _Job:
         self.model = model
         self.losses = job.losses
         self.loss_weights = job.loss_weights
+
+
+def _shard(job: TrainJob, path: str, rows: int, device: Any, rank: int, size: int) -> feed.Batches:
+    """This rank's share of the data written at `path` (`rows` of it an epoch), in batches."""
+    specs: list[ColumnSpec] = [*job.data.features, *job.data.labels]
+    return feed.Batches(
+        feed.read_shard(job.store, path, specs, rank, size), rows, job.batch_size, device
+    )
+
+
+def _train_epoch(
+    model: Any,
+    optimizer: Any,
+    job: TrainJob,
+    batches: feed.Batches,
+    names: list[str],
+    n_in: int,
+    epoch: int,
+    hvd: Any,
+) -> tuple[dict[str, float], float]:
+    """One epoch of this rank's shard; the loss and metrics over every rank's rows (summed
+    here, added up by one allreduce), and how many rows that was."""
+    import torch
+
+    model.train()
+    sums = torch.zeros(2 + len(names), dtype=torch.float64)
+    seed = feed.epoch_seed(job.seed, epoch, hvd.rank()) if job.shuffle else None
+    for batch in batches.epoch(seed):
+        inputs, labels = batch[:n_in], batch[n_in:]
+        optimizer.zero_grad()
+        loss, outputs = step_loss(_Job(model, job), inputs, labels)
+        loss.backward()
+        optimizer.step()
+        rows = len(labels[0])
+        with torch.no_grad():
+            values = [loss.item(), *metric_values(job.metrics, outputs, labels)]
+        sums += torch.tensor([rows, *(v * rows for v in values)], dtype=torch.float64)
+    totals = hvd.allreduce(sums, op=hvd.Sum, name=f"estimator.train.{epoch}")
+    all_rows = totals[0].item()
+    logs = {"loss": totals[1].item() / all_rows}
+    logs.update({n: totals[2 + i].item() / all_rows for i, n in enumerate(names)})
+    return logs, all_rows
 
 
 def _evaluate(

@@ -70,7 +70,7 @@ def _options_of(optimizer: Any) -> dict[str, Any]:
 _classes: dict[type, type] = {}
 
 
-def distributed_class(base: type) -> type:
+def distributed_class(base: type[Any]) -> type[Any]:
     """The distributed subclass of a Keras optimizer class (one per class, named as it)."""
     cls = _classes.get(base)
     if cls is None:

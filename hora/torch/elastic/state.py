@@ -137,6 +137,8 @@ class TorchState(ObjectState):
     with deep copies of their state_dicts; other keyword arguments are plain values.
     """
 
+    _handlers: dict[str, _Handler]  # set past __setattr__, which consults it
+
     def __init__(
         self,
         model: torch.nn.Module | None = None,
@@ -144,7 +146,8 @@ class TorchState(ObjectState):
         **kwargs: Any,
     ) -> None:
         kwargs.update(model=model, optimizer=optimizer)
-        handlers, plain = {}, {}
+        handlers: dict[str, _Handler] = {}
+        plain: dict[str, Any] = {}
         for name, value in kwargs.items():
             handler = _handler_for(value)
             if handler is None:

@@ -67,7 +67,8 @@ def test_pipeline_fit_transform_save_load_events_and_mlflow(spark, tmp_path, cap
     )
     pipeline = Pipeline(stages=[VectorAssembler(inputCols=pixels, outputCol="features"), estimator])
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow 3 asks for this opt-in
-    mlflow.set_tracking_uri((tmp_path / "mlruns").as_uri())
+    # Not mlflow.set_tracking_uri: it would leave the variable set for the tests after this one.
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
     with mlflow.start_run() as tracked:
         fitted = pipeline.fit(df)
     out, _ = capfd.readouterr()

@@ -1,0 +1,49 @@
+"""The public packages list their names one by one (so that mypy sees them): still the union of
+the modules they star-import, so a name added to a module's `__all__` reaches every package."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+import hora.collectives
+import hora.torch
+import hora.torch.mpi_ops
+from hora.collectives import _basics, ops
+from hora.torch import _autograd
+
+NEUTRAL = (set(_basics.__all__) | set(ops.__all__)) - {"NOT_INITIALIZED"}
+
+
+def _functions_defined_in(module: types.ModuleType) -> set[str]:
+    return {
+        name
+        for name, value in vars(module).items()
+        if isinstance(value, types.FunctionType)
+        and value.__module__ == module.__name__
+        and not name.startswith("_")
+    }
+
+
+def test_collectives_lists_init_and_ops():
+    assert set(hora.collectives.__all__) == NEUTRAL | {"NOT_INITIALIZED"}
+
+
+def test_torch_mpi_ops_lists_the_neutral_surface_and_the_differentiable_forms():
+    assert set(hora.torch.mpi_ops.__all__) == NEUTRAL | _functions_defined_in(_autograd)
+
+
+def test_torch_lists_mpi_ops():
+    assert set(hora.torch.mpi_ops.__all__) <= set(hora.torch.__all__)
+
+
+def test_tensorflow_lists_init_ranks_and_process_sets():
+    hvd = pytest.importorskip("hora.tensorflow")
+    assert set(_basics.__all__) - {"NOT_INITIALIZED"} <= set(hvd.__all__)
+
+
+@pytest.mark.parametrize("module", ["hora.collectives", "hora.torch", "hora.tensorflow"])
+def test_every_listed_name_exists(module):
+    package = pytest.importorskip(module)
+    assert [name for name in package.__all__ if not hasattr(package, name)] == []
