@@ -117,7 +117,10 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 + (f", resuming after epoch {found.state['epoch']}" if found is not None else "")
             )
         backend = "spark" if context is not None else "local"
-        config = RunConfig(np=num_proc, backend=backend, collect_all=False)
+        progress = [EpochLine(epochs)] if self.getVerbose() else []
+        config = RunConfig(
+            np=num_proc, backend=backend, collect_all=False, report_to=progress, progress=False
+        )
         launch(train_on_rank, (job,), {}, config)
         done = checkpoints.latest()
         assert done is not None, "the ranks finished without a checkpoint"
@@ -297,3 +300,16 @@ def _try_on_a_sample(
             f"the model cannot be trained on these columns: on {len(tensors[0])} row(s) "
             f"({shapes}) the forward pass or loss failed: {type(e).__name__}: {e}"
         ) from e
+
+
+class EpochLine:
+    """The fit's progress on the driver, from rank 0's `hora.report` of every epoch:
+    `hora: epoch 3/10: loss 0.4100, accuracy 0.8800, ..., 5866 rows/s`."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def __call__(self, epoch: int, logs: dict[str, Any]) -> None:
+        rate = logs.get("rows_per_s", 0.0)
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in logs.items() if k != "rows_per_s")
+        print(f"hora: epoch {epoch}/{self.epochs}: {shown}, {rate:.0f} rows/s", flush=True)

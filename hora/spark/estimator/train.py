@@ -16,7 +16,7 @@ from hora.spark.estimator.columns import ColumnSpec
 from hora.spark.estimator.events import EpochEvents
 from hora.spark.estimator.export import export_model
 from hora.spark.estimator.store import Store
-from hora.wire.link import log_to_driver
+from hora.wire.link import log_to_driver, report
 
 CHECKPOINTS_KEPT = 2
 
@@ -183,10 +183,7 @@ def train_on_rank(job: TrainJob) -> None:
         if rank == 0:
             assert events is not None
             events.write(epoch, logs)
-            if job.verbose:
-                shown = ", ".join(f"{k} {v:.4f}" for k, v in logs.items())
-                rate = rows / seconds
-                log_to_driver(f"hora: epoch {epoch + 1}/{job.epochs}: {shown}, {rate:.0f} rows/s")
+            report({**logs, "rows_per_s": rows / seconds}, step=epoch + 1)  # the fit's progress
         _call(job.callbacks, "on_epoch_end", epoch, dict(logs))
     _call(job.callbacks, "on_train_end", list(history))
     if events is not None:
