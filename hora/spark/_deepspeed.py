@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hora._script import check_script, run_script
-from hora.engines.spark.session import active_spark_context
+from hora.engines.spark.session import active_session
 from hora.job import launch
 from hora.spark import _deepspeed_config
 from hora.spark._deepspeed_config import ConfigSource, DeepspeedConfigError
@@ -147,7 +147,7 @@ def _takes_config(fn: Callable[..., Any]) -> bool:
 
 
 def _require_spark_session() -> None:
-    if active_spark_context() is None:
+    if active_session() is None:
         raise RuntimeError(
             "DeepspeedTorchDistributor(localMode=False) runs its processes as Spark tasks and "
             "needs an active SparkSession: create one first (SparkSession.builder...getOrCreate())"

@@ -15,7 +15,7 @@ from typing import Any
 from hora import environment
 from hora._script import check_script, run_script
 from hora.config import RunConfig
-from hora.engines.spark.session import active_spark_context
+from hora.engines.spark.session import active_session, active_spark_context
 from hora.job import launch
 
 
@@ -83,7 +83,7 @@ class TorchDistributor:
 
 def _require_spark_session() -> None:
     """Say what to do in this door's words, before the engine would in Runner's."""
-    if active_spark_context() is None:
+    if active_session() is None:
         raise RuntimeError(
             "TorchDistributor(local_mode=False) runs its processes as Spark tasks and needs an "
             "active SparkSession: create one first (SparkSession.builder...getOrCreate()), or "
@@ -92,7 +92,8 @@ def _require_spark_session() -> None:
 
 
 def _driver_gpus(num_processes: int) -> list[str]:
-    """The driver's GPUs for local mode: Spark's driver GPU resources, else CUDA's own count."""
+    """The driver's GPUs for local mode: Spark's driver GPU resources, else CUDA's own count
+    (a Spark Connect client has no Spark driver: its own GPUs, as pyspark's there)."""
     gpus = _spark_driver_gpus()
     if gpus is None:
         gpus = environment.local_gpus()

@@ -19,7 +19,7 @@ from typing import Any
 
 from hora import environment
 from hora.config import RunConfig
-from hora.engines.spark.session import active_spark_context
+from hora.engines.spark.session import active_session
 from hora.job import launch
 from hora.spark._distributor import _driver_gpus
 
@@ -93,7 +93,7 @@ class MirroredStrategyRunner:
 
 
 def _require_spark_session() -> None:
-    if active_spark_context() is None:
+    if active_session() is None:
         raise RuntimeError(
             "MirroredStrategyRunner(local_mode=False) runs its workers as Spark tasks and needs "
             "an active SparkSession: create one first (SparkSession.builder...getOrCreate()), "
@@ -102,8 +102,8 @@ def _require_spark_session() -> None:
 
 
 def _spark_conf(key: str) -> str | None:
-    context = active_spark_context()
-    return None if context is None else context.getConf().get(key, None)
+    session = active_session()
+    return None if session is None else session.conf(key) or None
 
 
 # ----- inside each rank ---------------------------------------------------------------------------
