@@ -59,6 +59,9 @@ class ConnectServer:
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
+            # The server ends a query's response stream after this long and the client
+            # reattaches (default 2 min): short here, so that stages outlive their stream.
+            "spark.connect.execute.reattachable.senderMaxStreamDuration": "5s",
         }
         args = [str(SPARK_HOME / "bin" / "spark-submit"), "--class", SERVER_CLASS]
         args += ["--name", "hora tests: Spark Connect server", "--master", master]

@@ -4,7 +4,9 @@
   starts the server there);
 - `separate-server`: a Connect server started here from the pyspark wheel over
   `local-cluster[2,1,1024]` on 127.0.0.1, and the client in another process on
-  `sc://127.0.0.1:<port>`.
+  `sc://127.0.0.1:<port>`. That server ends a query's response stream after 5 s (2 min by
+  default), so hora's stages, which last as long as the training, outlive their stream and the
+  client reattaches to them, as a long training does on any server.
 
 One client process per kind runs every check (a session and its Python workers start once) and
 reports each; the tests below judge one check each. `hora run` runs in its own process.

@@ -5,11 +5,9 @@ run a bare interpreter of the same Python (no pyarrow, cloudpickle, torch or hor
 
 from __future__ import annotations
 
-import subprocess
-import venv
-
 import pytest
 
+from tests.conftest import make_bare_python
 from tests.connect.conftest import client_env, require_spark_connect, run_client
 
 require_spark_connect()
@@ -18,17 +16,7 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory) -> str:
-    folder = tmp_path_factory.mktemp("bare-venv")
-    venv.EnvBuilder(with_pip=False, symlinks=True).create(folder)
-    python = folder / "bin" / "python3"
-    found = subprocess.run(
-        [str(python), "-c", "import importlib.util as u; print(u.find_spec('pyarrow'))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert found.stdout.strip() == "None"
-    return str(python)
+    return make_bare_python(tmp_path_factory.mktemp("bare-venv"), lacks="pyarrow")
 
 
 def test_executors_without_pyarrow_fail_before_any_rank_saying_what_to_install(bare_python):

@@ -48,13 +48,16 @@ class ConnectSession(Session):
 
     def __init__(self, spark: Any):
         self.spark = spark
+        self._settings: dict[str, str | None] = {}  # each read is a round trip to the server
 
     @cached_property
     def master(self) -> str:
         return self.conf("spark.master", "")
 
     def conf(self, key: str, default: str = "") -> str:
-        return self.spark.conf.get(key, None) or default
+        if key not in self._settings:
+            self._settings[key] = self.spark.conf.get(key, None)
+        return self._settings[key] or default
 
     def check(self) -> None:
         check_version(self.spark.version)
