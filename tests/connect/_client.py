@@ -37,11 +37,8 @@ if sys.argv[1:2] and sys.argv[1].startswith("local"):
 import hora  # noqa: E402
 from hora import engines  # noqa: E402
 from hora.engines.spark import entry  # noqa: E402
-from hora.engines.spark.session import (  # noqa: E402
-    DRIVER_HOST_ENV,
-    active_session,
-    active_spark_context,
-)
+from hora.engines.spark.base import DRIVER_HOST_ENV  # noqa: E402
+from hora.engines.spark.session import active_session, active_spark_context  # noqa: E402
 from hora.engines.spark.task import TaskSpec  # noqa: E402
 from hora.spark import (  # noqa: E402
     DeepspeedTorchDistributor,

@@ -15,8 +15,8 @@ import pytest
 
 from hora.cli import main
 from hora.engines.spark import entry, failures
+from hora.engines.spark.base import DRIVER_HOST_ENV
 from hora.engines.spark.connect import check_version, slots_from_settings
-from hora.engines.spark.session import DRIVER_HOST_ENV
 
 _ABORTED = (
     "Job aborted due to stage failure: Could not recover from a failed barrier ResultStage. "

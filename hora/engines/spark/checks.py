@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hora.engines.spark.session import Session
+    from hora.engines.spark.base import Session
 
 # pyspark's own opt-in (TorchDistributor), honoured so clusters configured for it just work.
 IGNORE_SSL_KEYS = ("spark.hora.ignoreSsl", "pytorch.spark.distributor.ignoreSsl")

@@ -1,7 +1,8 @@
 """hora's stage on a classic session: an RDD barrier stage on the program's SparkContext.
 
 Spark's own slot count (through the JVM), job tags to cancel the stage, and the tasks' Python
-chosen per stage (`checks.python_for_tasks`, set on the RDD's function as it is built).
+chosen per stage (`checks.python_for_tasks`, set on the RDD's function as it is built). pyspark
+is imported where a stage starts, so that finding no session loads none of it.
 """
 
 from __future__ import annotations
@@ -12,11 +13,8 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any, Literal
 
-from pyspark import InheritableThread
-from pyspark import cloudpickle as spark_cloudpickle
-
 from hora.engines.spark import checks, entry
-from hora.engines.spark.session import Session
+from hora.engines.spark.base import Session
 
 _PYTHON_EXEC_LOCK = threading.Lock()  # two runs at once must not restore each other's choice
 
@@ -57,11 +55,15 @@ class ClassicSession(Session):
         return self.conf("spark.driver.host", "127.0.0.1")
 
     def thread(self, target: Callable[[], None], name: str) -> threading.Thread:
+        from pyspark import InheritableThread  # carries the caller's job group, pool, tags
+
         return InheritableThread(target=target, name=name)
 
     def run_barrier(
         self, np: int, driver: dict[str, str], spec: Mapping[str, Any], tag: str
     ) -> Any:
+        from pyspark import cloudpickle as spark_cloudpickle
+
         sc = self.sc
         sc.addJobTag(tag)
         sc.setInterruptOnCancel(True)

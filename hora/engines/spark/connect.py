@@ -13,6 +13,8 @@ What differs from a classic session, and is said rather than guessed:
   do not tell (a cluster manager that sizes executors itself), they cannot be counted, and the
   run's `start_timeout` ends a stage that waits for slots that never come;
 - the tasks must reach the client, which may be far from the cluster (`default_channel_host`).
+
+pyspark is imported where a stage starts, so that finding no session loads none of it.
 """
 
 from __future__ import annotations
@@ -26,12 +28,9 @@ from collections.abc import Callable, Mapping
 from functools import cached_property, partial
 from typing import Any, Literal
 
-from pyspark import InheritableThread
-from pyspark import cloudpickle as spark_cloudpickle
-
 from hora.engines.spark import entry
+from hora.engines.spark.base import Session
 from hora.engines.spark.checks import runs_on_this_machine
-from hora.engines.spark.session import Session
 
 #: the first Spark with barrier mapInArrow (SPARK-42993), which hora's stage is on Connect
 MIN_SERVER = (3, 5)
@@ -92,11 +91,15 @@ class ConnectSession(Session):
         return self.conf("spark.driver.host", "127.0.0.1")
 
     def thread(self, target: Callable[[], None], name: str) -> threading.Thread:
+        from pyspark import InheritableThread  # carries the caller's tags (session= on Connect)
+
         return InheritableThread(target, session=self.spark, name=name)
 
     def run_barrier(
         self, np: int, driver: dict[str, str], spec: Mapping[str, Any], tag: str
     ) -> Any:
+        from pyspark import cloudpickle as spark_cloudpickle
+
         spark = self.spark
         spark.addTag(tag)  # in this thread: tags are per thread in a Connect client
         try:

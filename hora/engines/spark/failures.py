@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 
 from hora.engines.spark import entry
+from hora.engines.spark.base import DRIVER_HOST_ENV, DRIVER_HOST_KEY
 from hora.engines.spark.checks import PYTHON_KEY, runs_on_this_machine
-from hora.engines.spark.session import DRIVER_HOST_ENV, DRIVER_HOST_KEY
 
 _BARRIER_TASK = re.compile(r"barrier task ResultTask\(\d+, (\d+)\)")
 _LOST_TASK = re.compile(r"Lost task (\d+)\.\d+ in stage [\d.]+ \(TID \d+\) \(([^\s()]+) executor")
