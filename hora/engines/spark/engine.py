@@ -8,7 +8,7 @@ and once all have, each gets the plan; Spark's own `allGather` costs a second pe
 output lines and exit codes to the job, and stops everything: first by telling the supervisors,
 then by cancelling the stage by its tag.
 
-The stage itself is the session's (`session.Session`): an RDD barrier stage on a classic
+The stage itself is the session's (`base.Session`): an RDD barrier stage on a classic
 session (`classic`), a barrier `mapInArrow` on a Spark Connect one (`connect`); everything else
 here is the same for both.
 
