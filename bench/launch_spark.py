@@ -5,6 +5,11 @@ Times, alternating in one run, `hora.Runner(np=2)` (the Spark engine) and pyspar
 torchrun in each task); prints medians and the ratio (target: hora >= 4x faster).
 
     .venv/bin/python bench/launch_spark.py [--reps 7] [--only hora|torch-distributor]
+    .venv/bin/python bench/launch_spark.py --connect [URL]
+
+`--connect` runs both on a Spark Connect session instead: `SparkSession.builder.remote(URL)`,
+by default `local[2]` (pyspark starts the Connect server in this process); for a separate server,
+`sc://host:port` (its executors must run this Python: its PYSPARK_PYTHON is the server's).
 
 Also called by `bench/launch.py --spark`. Everything binds to 127.0.0.1.
 """
@@ -65,6 +70,23 @@ def spark_session(master: str = "local[2]"):
     )
 
 
+def connect_session(url: str):
+    """A Spark Connect session; for `local[N]` its in-process server gets the settings of
+    `spark_session` (static: pyspark warns that the client cannot change them, and applies
+    them to the server it starts)."""
+    import warnings
+
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote(url)
+    if url.startswith("local"):
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
+        builder = builder.config("spark.log.level", "ERROR")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return builder.getOrCreate()
+
+
 def run_hora() -> list[float]:
     import hora
 
@@ -89,6 +111,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--only", choices=("hora", "torch-distributor"), default=None)
+    parser.add_argument(
+        "--connect",
+        nargs="?",
+        const="local[2]",
+        default=None,
+        metavar="URL",
+        help="on a Spark Connect session to URL (default local[2]: a server in this process)",
+    )
     args = parser.parse_args(argv)
 
     ship_jobs_by_value()
@@ -99,8 +129,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         contenders[TORCH_DISTRIBUTOR] = run_torch_distributor
 
     started = time.perf_counter()
-    spark = spark_session()
+    spark = connect_session(args.connect) if args.connect else spark_session()
     session_s = time.perf_counter() - started
+    where = f"Spark Connect {args.connect}" if args.connect else "local[2]"
     import torch  # noqa: F401  (both drivers have torch imported before the clock starts)
 
     try:
@@ -114,8 +145,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
         spark.stop()
 
     medians = {name: statistics.median(ts) for name, ts in times.items()}
-    print(f"\nSparkSession local[2] start: {session_s:.1f} s (not counted below)")
-    print(f"2-rank gloo allreduce on warm local[2], call to result, median of {args.reps} (s)")
+    print(f"\nSparkSession {where} start: {session_s:.1f} s (not counted below)")
+    print(f"2-rank gloo allreduce on warm {where}, call to result, median of {args.reps} (s)")
     for name, median in medians.items():
         spread = f"{min(times[name]):.2f}-{max(times[name]):.2f}"
         print(f"  {name:36s} {median:6.2f} s  (range {spread})")

@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         help="; ".join(f"{e.name}: {e.summary}" for e in engines.engines() if e.summary),
     )
     run_cmd.add_argument(
+        "--remote",
+        metavar="URL",
+        help="with --backend spark: run on the Spark Connect server at URL (sc://host:port, or "
+        "local[N] for one in this process), as pyspark's --remote; SPARK_REMOTE does the same",
+    )
+    run_cmd.add_argument(
         "--timeout", type=float, default=None, help="stop the job after this many seconds"
     )
     run_cmd.add_argument(
@@ -167,6 +173,8 @@ def _job_env(ns: argparse.Namespace) -> dict[str, str]:
 def _run(ns: argparse.Namespace) -> None:
     if ns.hosts_option:
         raise UsageError(_NO_HOSTS.format(option=ns.hosts_option))
+    if ns.remote and ns.backend != "spark":
+        raise UsageError("--remote names a Spark Connect server: use it with --backend spark")
     words = ns.program[1:] if ns.program[:1] == ["--"] else ns.program
     program: Program = resolve(
         words,
@@ -184,7 +192,8 @@ def _run(ns: argparse.Namespace) -> None:
         "output_filename": ns.output_filename,
         "max_restarts": ns.max_restarts,
     }
-    with engines.get(ns.backend).session() or nullcontext():
+    session_options = {"remote": ns.remote} if ns.remote else {}
+    with engines.get(ns.backend).session(**session_options) or nullcontext():
         run(run_program, (program,), **options)
 
 

@@ -10,9 +10,12 @@ what libraries start or set once per process, the first time a test uses them, i
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 import uuid
+import venv
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +57,21 @@ def worker_processes() -> list[int]:
         if b"hora._worker" in cmdline:
             found.append(pid)
     return found
+
+
+def make_bare_python(folder: Path, lacks: str) -> str:
+    """An interpreter of this same Python with nothing installed (no hora, cloudpickle, torch,
+    pyarrow), made in `folder`; checked to lack the module `lacks`."""
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(folder)
+    python = folder / "bin" / "python3"
+    found = subprocess.run(
+        [str(python), "-c", f"import importlib.util as u; print(u.find_spec({lacks!r}))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert found.stdout.strip() == "None", f"{python} has {lacks}"
+    return str(python)
 
 
 def wait_for_no_processes(timeout: float = 10.0) -> list[int]:

@@ -60,9 +60,9 @@ class Engine:
         launcher_class = _load(self.launcher)
         return launcher_class(config, restart)
 
-    def session(self) -> AbstractContextManager[None] | None:
-        """A fresh `cli_session` context, or None."""
-        return _load(self.cli_session)() if self.cli_session else None
+    def session(self, **options: Any) -> AbstractContextManager[None] | None:
+        """A fresh `cli_session` context (with `options`, e.g. Spark's `remote`), or None."""
+        return _load(self.cli_session)(**options) if self.cli_session else None
 
 
 def _load(where: str) -> Any:

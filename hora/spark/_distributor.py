@@ -23,7 +23,7 @@ from hora._script import check_script, run_script
 from hora.config import RunConfig
 from hora.engines.spark import checks as spark_checks
 from hora.engines.spark.options import TORCH_IGNORE_SSL
-from hora.engines.spark.session import active_spark_context
+from hora.engines.spark.session import active_session
 from hora.job import launch
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -144,7 +144,8 @@ def positive_int(name: str, value: Any) -> int:
 def _check_task_gpus(num_processes: int) -> None:
     """On Spark with GPUs: every task needs one GPU (`spark.task.resource.gpu.amount` = 1)."""
     key = spark_checks.gpu_amount_key()
-    value = active_spark_context().getConf().get(key, "0") or "0"
+    session = active_session()
+    value = session.conf(key, "0") if session is not None else "0"
     try:
         amount = float(value)
     except ValueError:
@@ -169,19 +170,20 @@ def _check_task_gpus(num_processes: int) -> None:
 
 
 def driver_gpus(resource: str = "gpu") -> list[str]:
-    """The driver's GPUs as CUDA numbers them: with a SparkSession, its driver GPU resources
-    (mapped through CUDA_VISIBLE_DEVICES, as pyspark's doors read them); without one, this
-    machine's. Empty when there are none."""
-    sc = active_spark_context()
-    if sc is None:
+    """The driver's GPUs as CUDA numbers them: with a classic SparkSession, its driver GPU
+    resources (mapped through CUDA_VISIBLE_DEVICES, as pyspark's doors read them); without one,
+    or from a Spark Connect client (which has no Spark driver: its own GPUs, as pyspark's
+    there), this machine's. Empty when there are none."""
+    session = active_session()
+    if session is None or session.kind == "connect":
         return environment.local_gpus()
-    addresses = spark_checks.driver_gpu_addresses(sc, resource)
+    addresses = session.driver_gpus(resource)
     return environment.cuda_devices(addresses) if addresses else []
 
 
 def _require_spark_session(door: str, local_mode: str) -> None:
     """Say what to do in this door's words (pyspark's class: RuntimeError), in the constructor."""
-    if active_spark_context() is None:
+    if active_session() is None:
         raise RuntimeError(
             f"{door}({local_mode}=False) runs its processes as Spark tasks and needs an active "
             "SparkSession: create one first (SparkSession.builder...getOrCreate()), or pass "

@@ -24,7 +24,8 @@ from typing import Any
 
 from hora import environment
 from hora.config import RunConfig
-from hora.engines.spark.session import active_spark_context
+from hora.engines.spark.base import Session
+from hora.engines.spark.session import active_session
 from hora.job import launch
 from hora.spark._distributor import CUDA_VISIBLE_DEVICES, driver_gpus
 
@@ -66,26 +67,35 @@ class MirroredStrategyRunner:
         self.use_gpu = bool(use_gpu)
         self.gpu_resource_name = gpu_resource_name
         self.use_custom_strategy = bool(use_custom_strategy)
-        self._sc = active_spark_context()
+        self._session = active_session()
         self._num_tasks: int | None = None
         if not self.local_mode:
-            if self._sc is None:  # the original starts its SparkSession here
-                self._sc = _started_spark_context()
+            if self._session is None:  # the original starts its SparkSession here
+                self._session = _started_session()
             self._num_tasks = self.get_num_tasks()
 
     @property
     def sc(self) -> Any:
-        """The SparkContext the runner runs on (the original's attribute)."""
-        if self._sc is None:
-            self._sc = _started_spark_context()
-        return self._sc
+        """The SparkContext the runner runs on (the original's attribute); a Spark Connect
+        session has none."""
+        if self._session is None:
+            self._session = _started_session()
+        sc = getattr(self._session, "sc", None)
+        if sc is None:
+            raise AttributeError(
+                "MirroredStrategyRunner.sc: this is a Spark Connect session, which has no "
+                "SparkContext (use the SparkSession itself)"
+            )
+        return sc
 
     def get_num_tasks(self) -> int:
         """How many Spark tasks: `num_slots` on CPU; on GPU, as many as the slots need."""
         if not self.use_gpu:
             return self.num_slots
         key = f"spark.task.resource.{self.gpu_resource_name}.amount"
-        amount = self.sc.getConf().get(key, None)
+        if self._session is None:
+            self._session = _started_session()
+        amount = self._session.conf(key) or None
         if amount is None:
             raise ValueError(
                 "Your cluster might not have Spark GPU-aware scheduling enabled: the conf "
@@ -144,7 +154,12 @@ class MirroredStrategyRunner:
                     "tasks)"
                 )
             return ""
-        if self._sc is not None and self.gpu_resource_name not in self._sc.resources:
+        session = self._session
+        if (
+            session is not None
+            and session.kind == "classic"
+            and not session.driver_gpus(self.gpu_resource_name)
+        ):
             raise ValueError(
                 f"The provided GPU resource name `{self.gpu_resource_name}` was not found in "
                 f"the driver's resources: set spark.driver.resource.{self.gpu_resource_name}"
@@ -159,9 +174,9 @@ class MirroredStrategyRunner:
         return ",".join(gpus[: self.num_slots])
 
 
-def _started_spark_context() -> Any:
-    """The active SparkContext, or a new session's, as the original's
-    `SparkSession.builder.getOrCreate()`."""
+def _started_session() -> Session:
+    """The active session, or a new one, as the original's `SparkSession.builder.getOrCreate()`
+    (a Spark Connect one where SPARK_REMOTE says so)."""
     try:
         from pyspark.sql import SparkSession  # only here: local mode never needs pyspark
     except ImportError:
@@ -169,7 +184,10 @@ def _started_spark_context() -> Any:
             "MirroredStrategyRunner needs pyspark for Spark tasks (local_mode=False) or its `sc`:"
             " pip install 'hora[spark]'"
         ) from None
-    return SparkSession.builder.getOrCreate().sparkContext
+    SparkSession.builder.getOrCreate()
+    session = active_session()
+    assert session is not None  # getOrCreate just made one
+    return session
 
 
 # ----- inside each rank ---------------------------------------------------------------------------

@@ -15,7 +15,6 @@ import os
 import re
 import subprocess
 import sys
-import venv
 from importlib import metadata
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import cloudpickle
 import pytest
 
 import hora
+from tests.conftest import make_bare_python
 
 pytestmark = pytest.mark.spark
 
@@ -40,17 +40,7 @@ _NOT_A_USERS = (
 @pytest.fixture(scope="module")
 def bare_python(tmp_path_factory) -> str:
     """An interpreter of the same Python with nothing installed: no hora, cloudpickle, torch."""
-    folder = tmp_path_factory.mktemp("bare-venv")
-    venv.EnvBuilder(with_pip=False, symlinks=True).create(folder)
-    python = folder / "bin" / "python3"
-    found = subprocess.run(
-        [str(python), "-c", "import importlib.util as u; print(u.find_spec('cloudpickle'))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert found.stdout.strip() == "None"  # a Python that cannot run hora's pickles
-    return str(python)
+    return make_bare_python(tmp_path_factory.mktemp("bare-venv"), lacks="cloudpickle")
 
 
 @pytest.fixture(scope="module")

@@ -1,25 +1,30 @@
 """The Spark engine: one barrier stage of `np` tasks on the active SparkSession, one rank per task.
 
 - `engine`: the launcher on the driver (the stage, the supervisors' rendezvous, stopping).
-- `entry`: the first code a task runs (shipped by value): is this executor's Python the driver's?
+- `session`: the active session, classic or Spark Connect (`Session`: what the engine needs of
+  it), and the one `hora run --backend spark` starts.
+- `classic`, `connect`: the stage on each kind of session (an RDD barrier stage; a barrier
+  `mapInArrow`), its slots, tags and cancel.
+- `entry`: the first code a task runs (shipped by value): is this executor's Python the driver's,
+  can it reach the driver?
 - `task`: the rest of a task: register, wait for the plan, supervise the rank's worker.
 - `checks`: what is checked on the driver before a stage starts (slots, SSL, Python, GPUs).
 - `failures`: a failed stage read back as the task that failed and why.
-- `session`: the active SparkSession, and the one `hora run --backend spark` starts.
 - `options`: the engine's options (GPU resource, GPUs per task, the SSL opt-in setting).
 - `task_context`: pyspark's BarrierTaskContext inside a rank, served by the rank's task.
 """
 
 from hora.engines import Engine
 from hora.engines.spark.options import OPTIONS, check_options
-from hora.engines.spark.session import active_spark_context
+from hora.engines.spark.session import active_session
 
 ENGINE = Engine(
     name="spark",
-    is_active=lambda: active_spark_context() is not None,
+    is_active=lambda: active_session() is not None,
     launcher="hora.engines.spark.engine:SparkLauncher",
     options=OPTIONS,
     check_options=check_options,
     cli_session="hora.engines.spark.session:cli_session",
-    summary="one barrier stage on a SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS)",
+    summary="one barrier stage on a SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS, "
+    "or a Spark Connect session with --remote / SPARK_REMOTE)",
 )

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hora.engines.spark.options import HORA_IGNORE_SSL, TORCH_IGNORE_SSL
+
+if TYPE_CHECKING:
+    from hora.engines.spark.base import Session
 
 # A fresh session's executors may still be registering: wait while none is there yet or their
 # number grew in the last SLOT_SETTLE_SECONDS, at most SLOT_WAIT_SECONDS. A cluster whose slots
@@ -24,16 +27,12 @@ PYTHON_KEY = "spark.hora.executorPython"
 PYTHON_CHOICES = ("auto", "driver", "spark")
 
 
-def _conf(sc: Any, key: str, default: str = "") -> str:
-    return sc.getConf().get(key, default) or default
+def _true(session: Session, key: str) -> bool:
+    return session.conf(key, "false").strip().lower() == "true"
 
 
-def _true(sc: Any, key: str) -> bool:
-    return _conf(sc, key, "false").strip().lower() == "true"
-
-
-def is_local_master(sc: Any) -> bool:
-    master = sc.master
+def is_local_master(session: Session) -> bool:
+    master = session.master
     return master == "local" or master.startswith("local[")
 
 
@@ -42,31 +41,40 @@ def runs_on_this_machine(master: str) -> bool:
     return master == "local" or master.startswith(("local[", "local-cluster["))
 
 
-def python_for_tasks(sc: Any) -> str | None:
+def python_for_tasks(session: Session) -> str | None:
     """The interpreter that the tasks' Python workers start with: the driver's own, or None for
     Spark's choice (PYSPARK_PYTHON when the SparkSession started, else `python3` on the PATH).
 
     The driver's pickles need the driver's versions; on one machine its interpreter is at hand.
+    A Spark Connect client has no say: its server's environment decides.
     """
-    choice = _conf(sc, PYTHON_KEY, "auto").strip().lower()
+    choice = session.conf(PYTHON_KEY, "auto").strip().lower()
     if choice not in PYTHON_CHOICES:
         raise ValueError(
             f"{PYTHON_KEY}={choice!r} is not one of {', '.join(PYTHON_CHOICES)}: 'driver' starts "
             "the tasks with the driver's interpreter, 'spark' with PYSPARK_PYTHON, 'auto' picks "
             "'driver' on a local or local-cluster master and 'spark' elsewhere"
         )
-    if choice == "spark" or (choice == "auto" and not runs_on_this_machine(sc.master)):
+    if session.kind == "connect":
+        if choice == "driver":
+            raise ValueError(
+                f"{PYTHON_KEY}=driver cannot be honoured from a Spark Connect client: the Connect "
+                "server starts the tasks with the Python of PYSPARK_PYTHON in its own "
+                f"environment. Start the server with it set, and remove {PYTHON_KEY}."
+            )
+        return None
+    if choice == "spark" or (choice == "auto" and not runs_on_this_machine(session.master)):
         return None
     return sys.executable or None
 
 
-def check_ssl(sc: Any, ignore_key: str = TORCH_IGNORE_SSL) -> None:
+def check_ssl(session: Session, ignore_key: str = TORCH_IGNORE_SSL) -> None:
     """Refuse to train in the clear on a cluster with `spark.ssl.enabled`, unless opted in with
     hora's setting or `ignore_key` (the door's original's: pyspark's TorchDistributor's, its
     DeepSpeed door's, spark-tensorflow-distributor's)."""
-    if not _true(sc, "spark.ssl.enabled"):
+    if not _true(session, "spark.ssl.enabled"):
         return
-    if _true(sc, HORA_IGNORE_SSL) or _true(sc, ignore_key):
+    if _true(session, HORA_IGNORE_SSL) or _true(session, ignore_key):
         return
     raise RuntimeError(
         "This Spark cluster has TLS encryption enabled (spark.ssl.enabled=true), but hora does "
@@ -78,9 +86,9 @@ def check_ssl(sc: Any, ignore_key: str = TORCH_IGNORE_SSL) -> None:
     )
 
 
-def check_dynamic_allocation(sc: Any) -> None:
+def check_dynamic_allocation(session: Session) -> None:
     """Barrier stages need all executors at once: Spark refuses them under dynamic allocation."""
-    if is_local_master(sc) or not _true(sc, "spark.dynamicAllocation.enabled"):
+    if is_local_master(session) or not _true(session, "spark.dynamicAllocation.enabled"):
         return
     raise ValueError(
         "spark.dynamicAllocation.enabled=true, and Spark does not run barrier stages (which hora "
@@ -95,16 +103,16 @@ def gpu_amount_key(resource: str = "gpu") -> str:
     return f"spark.task.resource.{resource}.amount"
 
 
-def task_gpu_amount(sc: Any, resource: str = "gpu") -> float:
+def task_gpu_amount(session: Session, resource: str = "gpu") -> float:
     try:
-        return float(_conf(sc, gpu_amount_key(resource), "0"))
+        return float(session.conf(gpu_amount_key(resource), "0"))
     except ValueError:
         return 0.0
 
 
-def resolve_use_gpu(sc: Any, use_gpu: bool | None, resource: str = "gpu") -> bool:
+def resolve_use_gpu(session: Session, use_gpu: bool | None, resource: str = "gpu") -> bool:
     """`None` means: pin GPUs when tasks are given GPUs. `True` without GPU tasks is an error."""
-    amount = task_gpu_amount(sc, resource)
+    amount = task_gpu_amount(session, resource)
     if use_gpu and amount <= 0:
         raise ValueError(
             f"use_gpu=True but '{gpu_amount_key(resource)}' is not set, so Spark gives tasks no "
@@ -114,71 +122,78 @@ def resolve_use_gpu(sc: Any, use_gpu: bool | None, resource: str = "gpu") -> boo
     return amount > 0 if use_gpu is None else bool(use_gpu)
 
 
-def driver_gpu_addresses(sc: Any, resource: str = "gpu") -> list[str] | None:
-    """The driver's GPU resource addresses as Spark discovered them; None if it has none."""
-    resources = sc.resources
-    return list(resources[resource].addresses) if resource in resources else None
-
-
-def concurrent_slots(sc: Any, resource: str = "gpu") -> int:
-    """How many tasks of the default resource profile the cluster can run at once right now.
+def concurrent_slots(session: Session, resource: str = "gpu") -> int | None:
+    """How many tasks of the default resource profile the cluster can run at once right now, or
+    None where that cannot be known (some Spark Connect clusters).
 
     Spark's own count (cores and custom resources such as GPUs), the one it checks barrier
-    stages against.
+    stages against; on a Spark Connect session, the count its settings give.
     """
-    jsc = sc._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    slots = int(jsc.maxNumConcurrentTasks(profile))
-    gpus_per_task = task_gpu_amount(sc, resource)
-    if is_local_master(sc) and gpus_per_task > 0:
+    slots = session.slots()
+    gpus_per_task = task_gpu_amount(session, resource)
+    if slots is not None and is_local_master(session) and gpus_per_task > 0:
         # Local mode counts cores only; its tasks can only get the driver's own GPUs.
-        driver_gpus = len(driver_gpu_addresses(sc, resource) or [])
+        driver_gpus = len(session.driver_gpus(resource) or [])
         slots = min(slots, int(driver_gpus // gpus_per_task))
     return slots
 
 
 def check_slots(
-    sc: Any,
+    session: Session,
     np: int,
     wait: float = SLOT_WAIT_SECONDS,
     settle: float | None = SLOT_SETTLE_SECONDS,
     resource: str = "gpu",
-) -> int:
+) -> int | None:
     """Return the slot count, or raise ValueError if `np` tasks cannot run together.
 
     Raises as soon as the count has been steady below `np` for `settle` seconds (at once on
-    a local master), instead of letting Spark queue the stage and retry it for minutes;
-    `settle=None` waits the whole `wait` (a restart, while a lost executor is replaced).
+    a local master, or where the count comes from settings), instead of letting Spark queue
+    the stage and retry it for minutes; `settle=None` waits the whole `wait` (a restart, while
+    a lost executor is replaced). None: the slots cannot be counted (see `uncounted_slots`).
     """
     start = time.monotonic()
-    slots = concurrent_slots(sc, resource)
+    slots = concurrent_slots(session, resource)
+    if slots is None:
+        return None
     changed = start
-    while slots < np and not is_local_master(sc):
+    while slots < np and session.kind == "classic" and not is_local_master(session):
         now = time.monotonic()
         steady = settle is not None and slots > 0 and now - changed > settle
         if now - start > wait or steady:
             break
         time.sleep(0.2)
-        latest = concurrent_slots(sc, resource)
+        latest = concurrent_slots(session, resource) or 0
         if latest != slots:
             slots, changed = latest, time.monotonic()
     if slots >= np:
         return slots
     raise ValueError(
-        f"np={np} needs {np} Spark task slots at once, but {describe_slots(sc, slots, resource)}"
+        f"np={np} needs {np} Spark task slots at once, but "
+        f"{describe_slots(session, slots, resource)}"
     )
 
 
-def describe_slots(sc: Any, slots: int, resource: str = "gpu") -> str:
-    cpus = _conf(sc, "spark.task.cpus", "1")
-    gpus = task_gpu_amount(sc, resource)
+def uncounted_slots(np: int, start_timeout: float) -> str:
+    """What a run on a cluster whose slots cannot be counted is told once, before it starts."""
+    return (
+        f"hora: cannot count this Spark Connect cluster's task slots (its master and settings "
+        f"do not say how many executors and cores it has); if it has fewer than np={np} free, "
+        f"the ranks will not start and the run ends after start_timeout={start_timeout:g} s"
+    )
+
+
+def describe_slots(session: Session, slots: int, resource: str = "gpu") -> str:
+    cpus = session.conf("spark.task.cpus", "1")
+    gpus = task_gpu_amount(session, resource)
     amount_key = gpu_amount_key(resource)
     gpu_note = f", {amount_key}={gpus:g}" if gpus > 0 else ""
-    if is_local_master(sc):
+    master = session.master
+    if is_local_master(session):
         if gpus > 0:
-            have = len(driver_gpu_addresses(sc, resource) or [])
+            have = len(session.driver_gpus(resource) or [])
             return (
-                f"this SparkSession (master {sc.master}{gpu_note}) has {slots}: local mode runs "
+                f"this SparkSession (master {master}{gpu_note}) has {slots}: local mode runs "
                 f"tasks on the driver, which has {have} GPU(s) for tasks that each ask for "
                 f"{gpus:g}. "
                 + _remedy(
@@ -188,17 +203,18 @@ def describe_slots(sc: Any, slots: int, resource: str = "gpu") -> str:
                 )
             )
         return (
-            f"this SparkSession (master {sc.master}, spark.task.cpus={cpus}) has {slots}. "
+            f"this SparkSession (master {master}, spark.task.cpus={cpus}) has {slots}. "
             + _remedy(
                 slots,
                 "give Spark more local cores (for example master 'local[N]'), or lower "
                 "spark.task.cpus.",
             )
         )
-    executors = max(0, int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1)
-    cores = _conf(sc, "spark.executor.cores", "?")
+    executors = session.executors()
+    registered = "?" if executors is None else executors
+    cores = session.conf("spark.executor.cores", "?")
     return (
-        f"this cluster can run {slots} ({executors} executors registered, spark.executor.cores="
+        f"this cluster can run {slots} ({registered} executors registered, spark.executor.cores="
         f"{cores}, spark.task.cpus={cpus}{gpu_note}). "
         + _remedy(
             slots,

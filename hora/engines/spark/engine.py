@@ -6,12 +6,17 @@ launcher is the supervisors' side on the driver: it hosts the torch store (as th
 does, so no rank races for a port), acts as the rendezvous (every task reports its host and GPUs,
 and once all have, each gets the plan; Spark's own `allGather` costs a second per call), relays
 output lines and exit codes to the job, and stops everything: first by telling the supervisors,
-then by cancelling the stage's job tag.
+then by cancelling the stage by its tag.
+
+The stage itself is the session's (`base.Session`): an RDD barrier stage on a classic
+session (`classic`), a barrier `mapInArrow` on a Spark Connect one (`connect`); everything else
+here is the same for both.
 
 Each task first runs `entry` (shipped by value), which refuses to start a rank on a Python
-unlike the driver's; on a local or local-cluster master the tasks get the driver's interpreter
-in the first place (`checks.python_for_tasks`). A failed stage is reported as the task that
-failed and why (`failures`), never as a rank that did not run.
+unlike the driver's, or where it cannot reach the driver; on a local or local-cluster master
+the tasks of a classic session get the driver's interpreter in the first place
+(`checks.python_for_tasks`). A failed stage is reported as the task that failed and why
+(`failures`), never as a rank that did not run.
 
 A rank is started at most once per run: if Spark ever re-attempts a task or the stage, the
 supervisor of the re-attempt is refused and the job fails, rather than re-running a
@@ -24,9 +29,9 @@ import contextlib
 import dataclasses
 import os
 import queue
+import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +41,7 @@ from hora.engines.rendezvous import host_store
 from hora.engines.spark import checks as _spark_checks
 from hora.engines.spark import entry as _spark_entry
 from hora.engines.spark import failures as _spark_failures
-from hora.engines.spark.session import active_spark_context
+from hora.engines.spark.session import active_session
 from hora.engines.spark.task import TaskSpec
 from hora.engines.supervisor import STOP_GRACE_SECONDS
 from hora.wire import channel
@@ -56,7 +61,6 @@ if TYPE_CHECKING:
     from hora.config import RunConfig
 
 CANCEL_WAIT_SECONDS = 5.0
-_PYTHON_EXEC_LOCK = threading.Lock()  # two runs at once must not restore each other's choice
 
 
 class SparkLauncher(Launcher):
@@ -65,30 +69,35 @@ class SparkLauncher(Launcher):
     multi_host = True
 
     def __init__(self, config: RunConfig, restart: bool = False):
-        sc = active_spark_context()
-        if sc is None:
+        session = active_session()
+        if session is None:
             raise RuntimeError(
-                "the Spark engine (np > 0, backend='spark') needs an active SparkSession: create "
-                "one first (SparkSession.builder...getOrCreate()), or run on this machine with "
-                "Runner(np=-N) / backend='local'"
+                "the Spark engine (np > 0, backend='spark') needs an active SparkSession (classic "
+                "or Spark Connect): create one first (SparkSession.builder...getOrCreate()), or "
+                "run on this machine with Runner(np=-N) / backend='local'"
             )
+        session.check()
         options = config.engine_options
         resource = options["gpu_resource"]
-        _spark_checks.check_ssl(sc, options["ignore_ssl_key"])
-        _spark_checks.check_dynamic_allocation(sc)
-        self.use_gpu = _spark_checks.resolve_use_gpu(sc, config.use_gpu, resource)
+        _spark_checks.check_ssl(session, options["ignore_ssl_key"])
+        _spark_checks.check_dynamic_allocation(session)
+        self.use_gpu = _spark_checks.resolve_use_gpu(session, config.use_gpu, resource)
         self.gpu_resource = resource if self.use_gpu else None
         self.gpu_counts = _gpu_counts(options["task_gpu_counts"], config.np)
-        self.python = _spark_checks.python_for_tasks(sc)
+        self.python = _spark_checks.python_for_tasks(session)
         if restart:  # a lost executor is being replaced: wait for it, up to start_timeout
-            _spark_checks.check_slots(
-                sc, config.np, wait=config.start_timeout, settle=None, resource=resource
+            slots = _spark_checks.check_slots(
+                session, config.np, wait=config.start_timeout, settle=None, resource=resource
             )
         else:
             wait = min(config.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
-            _spark_checks.check_slots(sc, config.np, wait=wait, resource=resource)
-        self.sc = sc
-        self.channel_host = sc.getConf().get("spark.driver.host") or "127.0.0.1"
+            slots = _spark_checks.check_slots(session, config.np, wait=wait, resource=resource)
+            if slots is None:
+                print(
+                    _spark_checks.uncounted_slots(config.np, config.start_timeout), file=sys.stderr
+                )
+        self.session = session
+        self.channel_host = session.channel_host()
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
         self._np = config.np
         self._lock = threading.Lock()
@@ -119,35 +128,25 @@ class SparkLauncher(Launcher):
         )
         relay = threading.Thread(target=self._relay, name="hora-spark-relay", daemon=True)
         relay.start()
-        from pyspark import InheritableThread  # carries the caller's job group, pool, tags
-
-        stage = InheritableThread(target=self._run_stage, args=(spec,), name="hora-spark-stage")
+        stage = self.session.thread(partial(self._run_stage, spec), name="hora-spark-stage")
         stage.daemon = True
         stage.start()
         self._threads = [relay, stage]
 
     def _run_stage(self, spec: TaskSpec) -> None:
-        from pyspark import cloudpickle as spark_cloudpickle
-
-        sc = self.sc
-        sc.addJobTag(self.tag)
-        sc.setInterruptOnCancel(True)
-        sc.setJobDescription(f"hora: {self._np} ranks")
         driver = _spark_entry.runtime()
         try:
-            # By value: the check must load on an executor whose Python lacks hora.
-            spark_cloudpickle.register_pickle_by_value(_spark_entry)
-            task = partial(_spark_entry.run_task, driver, dataclasses.asdict(spec))
-            rdd = sc.parallelize(range(self._np), self._np).barrier().mapPartitions(task)
-            with _tasks_python(sc, self.python):
-                rdd._jrdd  # noqa: B018 -- pyspark builds the tasks' PythonFunction here, once
-            rdd.collect()
+            self.session.run_barrier(self._np, driver, dataclasses.asdict(spec), self.tag)
         except Exception as exc:
             if not self._stopping.is_set():
-                failure = _spark_failures.read(exc, driver, sc.master, self.python is not None)
+                failure = _spark_failures.read(
+                    exc,
+                    driver,
+                    self.session.master,
+                    self.python is not None,
+                    connect=self.session.kind == "connect",
+                )
                 self._report_stage_failure(failure)
-        finally:
-            sc.removeJobTag(self.tag)
 
     def _report_stage_failure(self, failure: _spark_failures.StageFailure) -> None:
         """Name the task that failed, and whether its rank had been started at all."""
@@ -272,7 +271,7 @@ class SparkLauncher(Launcher):
                 stage.join(STOP_GRACE_SECONDS + 1.0)
             if stage.is_alive():  # tasks still waiting for slots, or a supervisor that is stuck
                 with contextlib.suppress(Exception):
-                    self.sc.cancelJobsWithTag(self.tag)
+                    self.session.cancel(self.tag)
                 stage.join(CANCEL_WAIT_SECONDS)
         if self._server is not None:
             self._server.close()
@@ -287,20 +286,3 @@ def _gpu_counts(counts: list[int] | None, np: int) -> list[int] | None:
     if counts is not None and len(counts) != np:
         raise ValueError(f"task_gpu_counts needs one count per task ({np}), got {counts!r}")
     return counts
-
-
-@contextlib.contextmanager
-def _tasks_python(sc: Any, python: str | None) -> Iterator[None]:
-    """Let the stage's function be built for `python` (None: Spark's own choice). pyspark takes
-    the executors' interpreter from `sc.pythonExec` when it serializes an RDD's function, and
-    only then; the session's other jobs keep theirs."""
-    if python is None:
-        yield
-        return
-    with _PYTHON_EXEC_LOCK:
-        saved = sc.pythonExec
-        sc.pythonExec = python
-        try:
-            yield
-        finally:
-            sc.pythonExec = saved

@@ -7,7 +7,11 @@ unpickling, or `Can't get attribute '_function_setstate'` from an older cloudpic
 module uses the standard library only and is shipped to the executors by value, not by import:
 it loads where hora does not, compares this interpreter with the driver's, and only then imports
 hora's supervisor. A difference fails the task with a line (`MARKER` + JSON) that the driver
-finds in Spark's error and turns into one message.
+finds in Spark's error and turns into one message; so does a task that cannot reach the driver
+(`UNREACHABLE`: a Spark Connect client the executors cannot dial).
+
+On a classic session the stage is an RDD's `mapPartitions` (`run_task`); on Spark Connect it is
+a barrier `mapInArrow` (`run_task_arrow`), whose rows go back as Arrow record batches.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 MARKER = "hora-task-cannot-start:"
+UNREACHABLE = "hora-task-cannot-reach-driver:"
+#: seconds a task tries to reach the driver before it says it cannot
+DIAL_TIMEOUT = 30.0
 # What decides whether a rank can run the driver's pickles, in the order a message lists them.
 COMPARED = ("python", "cloudpickle", "torch", "hora")
 
@@ -54,22 +61,57 @@ def run_task(driver: dict[str, str], spec: dict[str, Any], partition: Iterable[A
     here = runtime()
     differ = differences(driver, here)
     if differ:
-        import json
-
-        from pyspark import BarrierTaskContext
-
-        ctx = BarrierTaskContext.get()
-        task = ctx.partitionId()
-        host = ctx.getTaskInfos()[task].address.rsplit(":", 1)[0]
-        report = {"task": task, "host": host, "runtime": here}
-        raise RuntimeError(
-            f"hora did not start rank {task}: this executor's Python ({here['executable']}) is "
-            f"not the driver's ({', '.join(differ)} differ; the driver's error has the details)"
-            f"\n{MARKER}{json.dumps(report)}"
+        why = (
+            f"this executor's Python ({here['executable']}) is not the driver's "
+            f"({', '.join(differ)} differ; the driver's error has the details)"
         )
+        raise _refusal(why, MARKER, {"runtime": here})
+    address = tuple(spec["address"])
+    error = _cannot_dial(address)
+    if error is not None:
+        why = f"this executor cannot reach hora's driver at {address[0]}:{address[1]} ({error})"
+        raise _refusal(why, UNREACHABLE, {"address": list(address), "error": error})
     from hora.engines.spark.task import TaskSpec, supervise
 
     yield from supervise(TaskSpec(**spec), partition)
+
+
+def run_task_arrow(
+    driver: dict[str, str], spec: dict[str, Any], batches: Iterable[Any]
+) -> Iterator:
+    """mapInArrow body (Spark Connect): `run_task`, its (task, outcome) rows as Arrow batches
+    of the stage's schema ("task long, outcome string")."""
+    import pyarrow
+
+    for _ in batches:  # the range's one row: nothing to read
+        pass
+    for task, outcome in run_task(driver, spec, ()):
+        yield pyarrow.RecordBatch.from_pydict({"task": [task], "outcome": [outcome]})
+
+
+def _refusal(why: str, marker: str, report: dict[str, Any]) -> RuntimeError:
+    """The error that fails this task: `why`, then `marker` and the JSON report (with this
+    task's partition and host) on a line of its own, for the driver to find."""
+    import json
+
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    task = ctx.partitionId()
+    host = ctx.getTaskInfos()[task].address.rsplit(":", 1)[0]
+    report = {"task": task, "host": host, **report}
+    return RuntimeError(f"hora did not start rank {task}: {why}\n{marker}{json.dumps(report)}")
+
+
+def _cannot_dial(address: tuple[str, int]) -> str | None:
+    """Why this executor cannot open a connection to the driver's channel, or None if it can."""
+    import socket
+
+    try:
+        socket.create_connection(address, timeout=DIAL_TIMEOUT).close()
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _imported_version(module: str) -> str:

@@ -1,0 +1,105 @@
+"""Real Spark Connect for hora's Spark doors: a client process per session, judged here.
+
+The clients run apart from pytest's process: `SparkSession.builder.remote("local[N]")` starts a
+classic SparkContext inside its process (it hosts the Connect server there), which would meet the
+classic sessions of tests/spark; and a separate server needs a client in another process anyway.
+The modules that start Spark Connect skip cleanly without its client libraries or Java.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import tagged_processes, worker_processes
+
+pytest.importorskip("pyspark", reason="pyspark is not installed")
+
+
+def require_spark_connect() -> None:
+    """Skip a module that starts Spark Connect where it cannot: no client libraries, no Java."""
+    pytest.importorskip("pyarrow", reason="pyarrow is not installed")
+    pytest.importorskip("grpc", reason="pyspark's Spark Connect client (grpcio) is not installed")
+    if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+        pytest.skip("Java is not installed: Spark cannot start", allow_module_level=True)
+
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parent / "script.py"
+CLIENT_TIMEOUT = 900
+
+
+@dataclass
+class ClientRun:
+    """One client process: its results by check, and everything it printed."""
+
+    results: dict[str, dict[str, Any]]
+    output: str
+    returncode: int
+    seconds: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def value(self, check: str) -> Any:
+        result = self.results.get(check)
+        assert result is not None, f"the client did not report {check!r}:\n{self.output[-4000:]}"
+        assert "error" not in result, f"{check}: {result.get('traceback')}"
+        return result["value"]
+
+    def error(self, check: str) -> dict[str, Any]:
+        result = self.results.get(check)
+        assert result is not None, f"the client did not report {check!r}:\n{self.output[-4000:]}"
+        assert "error" in result, f"{check} did not fail: {result.get('value')!r}"
+        return result
+
+
+def client_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("SPARK_REMOTE", None)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYSPARK_PYTHON"] = sys.executable
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    env.update(extra)
+    return env
+
+
+def run_client(url: str, checks: list[str], env: dict[str, str] | None = None) -> ClientRun:
+    """`python -m tests.connect._client URL CHECKS...` in the repository; its results."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.connect._client", url, *checks],
+        cwd=REPO,
+        env=env or client_env(),
+        capture_output=True,
+        text=True,
+        timeout=CLIENT_TIMEOUT,
+    )
+    output = done.stdout + done.stderr
+    results = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT ") :])
+            results[result["check"]] = result
+    run = ClientRun(results, output, done.returncode, time.monotonic() - started)
+    run.timings = {name: r.get("seconds", 0.0) for name, r in results.items()}
+    print(f"client {url}: {run.seconds:.0f} s; per check: {run.timings}")
+    return run
+
+
+@pytest.fixture(scope="package", autouse=True)
+def nothing_left_running():
+    """After the Connect tests: no client, server, executor or hora worker process survives."""
+    yield
+    deadline = time.monotonic() + 20
+    while tagged_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not worker_processes(), f"hora workers left running: {worker_processes()}"
+    assert not tagged_processes(), f"processes left running: {tagged_processes()}"
