@@ -24,7 +24,18 @@ from hora import _deepspeed_ops, _stacks
 from hora._payload import dumps_result
 from hora._script import CommandFailed
 from hora.wire import channel, link
-from hora.wire.protocol import ALLOWED, Boot, DumpStacks, Error, Hello, Payload, Result, Stacks
+from hora.wire.protocol import (
+    ALLOWED,
+    Boot,
+    DumpStacks,
+    Error,
+    Hello,
+    HostsUpdated,
+    Payload,
+    Resized,
+    Result,
+    Stacks,
+)
 
 BOOT_ENV_FLAG = "HORA_WORKER"
 _HORA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -35,8 +46,11 @@ def _watch_driver(conn: channel.Connection, rank: int, done: threading.Event) ->
     worker's process group if the driver's channel closes before the job is done."""
     with contextlib.suppress(Exception):
         while True:
-            if isinstance(conn.recv(), DumpStacks):
+            message = conn.recv()
+            if isinstance(message, DumpStacks):
                 conn.send(Stacks(rank, _stacks.dump(skip=threading.current_thread())))
+            elif isinstance(message, HostsUpdated):
+                link.note_hosts_updated()
     if not done.is_set():
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
@@ -70,6 +84,8 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
     try:
         fn, args, kwargs = cloudpickle.loads(job.job)
         result = fn(*args, **kwargs)
+    except link.ResizeExit as exc:  # an elastic run stopped at a commit, to resize
+        return _report(conn, done, Resized(rank, exc.commit), status=0)
     except SystemExit as exc:
         if exc.code in (0, None):
             result = None
@@ -86,7 +102,10 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
 
 
 def _report(
-    conn: channel.Connection, done: threading.Event, message: Error | Result, status: int = 1
+    conn: channel.Connection,
+    done: threading.Event,
+    message: Error | Result | Resized,
+    status: int = 1,
 ) -> int:
     sys.stdout.flush()
     sys.stderr.flush()

@@ -8,6 +8,7 @@ decides nothing about restarts: it returns the results, or raises the attempt's
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sys
 import time
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from hora._output_files import OutputFiles
 from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
+from hora.job.elastic import AttemptResized, GrowthWatch
 from hora.job.metrics import MetricsLog
 from hora.job.stacks import StackRequest, take_request
 from hora.timeline import DriverTimeline
@@ -27,10 +29,13 @@ from hora.wire.protocol import (
     Error,
     Exited,
     Hello,
+    HostsUpdated,
     Metrics,
     Output,
     Payload,
+    Resized,
     Result,
+    Resumed,
     Stacks,
     Stall,
     TimelineBatch,
@@ -83,6 +88,7 @@ class Monitor:
         log_callback_only: bool = False,
         output_files: OutputFiles | None = None,
         metrics: MetricsLog | None = None,
+        growth: GrowthWatch | None = None,
     ):
         self.group = group
         self.np = np
@@ -104,6 +110,8 @@ class Monitor:
         self.connections: dict[int, Connection] = {}  # each started rank's channel
         self.dump: StackRequest | None = None  # asked when the run is stopped: in its story
         self.asked_by_user: StackRequest | None = None  # printed once answered, the run goes on
+        self.growth = growth  # an elastic attempt that may grow: asks the ranks when it can
+        self.resized: dict[int, int] = {}  # rank -> the commit it stopped at, to grow
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
@@ -118,10 +126,14 @@ class Monitor:
                 first = min(f.time for f in self.failures.values())
                 if time.time() - first >= SETTLE_SECONDS and self._stacks_in(now):
                     raise self.failure_error()
+            elif len(self.resized) == np:
+                raise AttemptResized(max(self.resized.values()))
             elif len(self.results) == np:
                 all_done_at = all_done_at or now
                 if len(self.exits) == np or now - all_done_at > EXIT_GRACE_SECONDS:
                     return self.results
+            elif self.growth is not None and self.growth.due(now):
+                self._send_all(HostsUpdated())
             if len(self.started) < np and now > start_deadline:
                 missing = [r for r in range(np) if r not in self.started]
                 raise RunTimeoutError(
@@ -176,6 +188,12 @@ class Monitor:
                 self._stall(text, missing, stopping)
             case Metrics(rank=rank, step=step, values=values):
                 self.metrics.receive(rank, step, values)
+            case Resized(rank=rank, commit=commit):
+                self.resized[rank] = commit
+            case Resumed(commit=commit, size=size):
+                said = f"the ranks resumed from commit {commit} (made by {size} ranks)"
+                print(f"hora: {said}", file=sys.stderr, flush=True)
+                self.timeline.mark("resumed", {"commit": commit, "made_by": size})
             case Stacks(rank=rank, text=text):
                 for request in (self.dump, self.asked_by_user):
                     if request is not None:
@@ -189,6 +207,12 @@ class Monitor:
             print(f"hora: stall: {text}", file=sys.stderr, flush=True)
         if stopping and self.dump is None and not self.stopping:
             self.dump = self._ask_where("the stall inspector stopped them")
+
+    def _send_all(self, message: HostsUpdated) -> None:
+        for rank, conn in self.connections.items():
+            if rank not in self.closed:
+                with contextlib.suppress(OSError):
+                    conn.send(message)
 
     # -- where each rank is -----------------------------------------------------------------
     def _ask_where(self, why: str) -> StackRequest:
@@ -239,7 +263,9 @@ class Monitor:
             return
         if code != 0:
             self.failures[rank] = Failure(rank, describe_exit(code), "", False, time.time())
-        elif rank not in self.results and (rank in self.closed or rank not in self.started):
+        elif rank not in self.results and rank not in self.resized and (
+            rank in self.closed or rank not in self.started
+        ):
             # A result still in flight on the channel arrives before the channel's close, so a
             # clean exit without a result is judged only once the channel has drained.
             self.failures[rank] = Failure(

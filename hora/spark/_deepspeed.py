@@ -54,7 +54,16 @@ class DeepspeedTorchDistributor(TorchDistributor):
         deepspeedConfig: ConfigSource = None,
         *,
         max_restarts: int = 0,
+        min_np: int | None = None,
+        max_np: int | None = None,
     ):
+        if min_np is not None or max_np is not None:
+            raise ValueError(
+                "DeepspeedTorchDistributor cannot run an elastic job (min_np/max_np): a ZeRO "
+                "checkpoint loads only at the world size that saved it (DeepSpeed's universal "
+                "checkpoint is an offline conversion). Use max_restarts, or TorchDistributor "
+                "with hvd.elastic and FSDP2 (docs/elastic.md)"
+            )
         for name, value in (("numGpus", numGpus), ("nnodes", nnodes)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} has to be a positive integer, got {value!r}")

@@ -26,7 +26,8 @@ class TorchDistributor:
     (False). `use_gpu`: give each rank its GPU (on Spark, the task's GPU resources, which need
     `spark.task.resource.gpu.amount`; on the driver, its GPUs). `max_restarts` (hora only,
     keyword): restart every rank up to that many times when one fails or a task is lost, which
-    pyspark's TorchDistributor never does.
+    pyspark's TorchDistributor never does. `min_np`/`max_np` (hora only, keywords): an elastic
+    run (see hora.Runner), for functions that use `hvd.elastic`.
     """
 
     def __init__(
@@ -35,7 +36,9 @@ class TorchDistributor:
         local_mode: bool = True,
         use_gpu: bool = True,
         *,
-        max_restarts: int = 0,
+        max_restarts: int | None = None,
+        min_np: int | None = None,
+        max_np: int | None = None,
     ):
         if isinstance(num_processes, bool) or not isinstance(num_processes, int):
             raise ValueError(f"num_processes has to be a positive integer, got {num_processes!r}")
@@ -44,8 +47,10 @@ class TorchDistributor:
         self.num_processes = num_processes
         self.local_mode = bool(local_mode)
         self.use_gpu = bool(use_gpu)
-        RunConfig(np=num_processes, max_restarts=max_restarts)  # a bad value fails here
+        # A bad value fails here, before any run.
+        RunConfig(np=num_processes, max_restarts=max_restarts, min_np=min_np, max_np=max_np)
         self.max_restarts = max_restarts
+        self.min_np, self.max_np = min_np, max_np
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run `train_object(*args, **kwargs)` on every rank and return rank 0's value, or run
@@ -77,6 +82,8 @@ class TorchDistributor:
             max_restarts=self.max_restarts,
             use_gpu=None if self.local_mode else self.use_gpu,
             collect_all=False,
+            min_np=self.min_np,
+            max_np=self.max_np,
         )
         return config
 

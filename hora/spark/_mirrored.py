@@ -44,7 +44,15 @@ class MirroredStrategyRunner:
         use_gpu: bool = True,
         gpu_resource_name: str = "gpu",
         use_custom_strategy: bool = False,
+        min_np: int | None = None,
+        max_np: int | None = None,
     ) -> None:
+        if min_np is not None or max_np is not None:
+            raise ValueError(
+                "MirroredStrategyRunner cannot run an elastic job (min_np/max_np): "
+                "MultiWorkerMirroredStrategy's TF_CONFIG names every worker for the whole run. "
+                "Use HorovodRunner with hora.tensorflow.keras.elastic (docs/elastic.md)"
+            )
         if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
             raise ValueError(f"num_slots has to be a positive integer, got {num_slots!r}")
         self.num_slots = num_slots

@@ -16,5 +16,6 @@ ENGINE = Engine(
     is_active=lambda: active_spark_context() is not None,
     launcher="hora.engines.spark.engine:SparkLauncher",
     cli_session="hora.engines.spark.session:cli_session",
+    capacity="hora.engines.spark.engine:capacity",
     summary="one barrier stage on a SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS)",
 )

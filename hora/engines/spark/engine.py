@@ -59,6 +59,13 @@ CANCEL_WAIT_SECONDS = 5.0
 _PYTHON_EXEC_LOCK = threading.Lock()  # two runs at once must not restore each other's choice
 
 
+def capacity(config: RunConfig, held: int) -> int:
+    """The task slots of the live executors (Spark's own count, busy slots included, so `held`
+    is in it already): how many ranks a barrier stage could have now."""
+    sc = active_spark_context()
+    return _spark_checks.concurrent_slots(sc) if sc is not None else 0
+
+
 class SparkLauncher(Launcher):
     """Starts `config.np` ranks as one barrier stage; checks the cluster first."""
 
