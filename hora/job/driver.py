@@ -147,11 +147,8 @@ class Job:
             np = self.sizer.next_size(_wait(config.start_timeout, deadline))
         except TooFewSlots as short:
             raise self._too_few_slots(attempt, short, why) from None
-        verb = "resizing" if np != attempt.np else "restarting"
-        _say(
-            f"hora: {verb} from {attempt.np} to {np} ranks ({why}); the ranks resume from "
-            "their last commit"
-        )
+        change = f"resizing from {attempt.np} to" if np != attempt.np else "restarting"
+        _say(f"hora: {change} {np} ranks ({why}); the ranks resume from their last commit")
         timeline.mark("resize", {"from": attempt.np, "to": np, "why": why})
         return attempt.next(np)
 

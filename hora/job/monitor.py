@@ -191,7 +191,8 @@ class Monitor:
             case Resized(rank=rank, commit=commit):
                 self.resized[rank] = commit
             case Resumed(commit=commit, size=size):
-                said = f"the ranks resumed from commit {commit} (made by {size} ranks)"
+                made = f"{size} rank{'s' if size != 1 else ''}"
+                said = f"the ranks resumed from commit {commit} (made by {made})"
                 print(f"hora: {said}", file=sys.stderr, flush=True)
                 self.timeline.mark("resumed", {"commit": commit, "made_by": size})
             case Stacks(rank=rank, text=text):
