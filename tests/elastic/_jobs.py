@@ -167,10 +167,15 @@ def _maybe_fault(plan: Plan, attempt: int, rank: int, world: int, commits: int) 
 
 
 def _wait_for_return(folder: str, rank: int) -> bool:
+    """Rank 0 says the run is small, and holds the next commit until the test has brought the
+    capacity back and the driver has said so (the other ranks wait in the commit's broadcast):
+    the run grows at that commit, however long the capacity took to return."""
+    from hora.wire import link
+
     if rank == 0:
         Path(folder, SMALL_MARK).touch()
-    while not Path(folder, BACK_MARK).exists():
-        time.sleep(0.1)
+        while not (Path(folder, BACK_MARK).exists() and link.hosts_updated()):
+            time.sleep(0.1)
     return True
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 import uuid
@@ -188,11 +189,35 @@ def _bundle(config: RunConfig) -> tuple[float, float]:
 
 def capacity(config: RunConfig, held: int) -> int:
     """How many ranks' bundles fit now: the `held` ones this job's placement group reserves,
-    and as many more as the free resources of the live nodes hold."""
-    free = _ray().available_resources()
+    and as many more as the free resources of the live nodes hold. A node whose raylet no
+    longer answers is not counted, though Ray declares it dead only after its health checks
+    fail (seconds later): a lost host must not be counted by the attempt that replaces it."""
+    ray = _ray()
+    from ray._private.state import available_resources_per_node
+
     cpus, gpus = _bundle(config)
-    fits = [int(free.get(name, 0) / each + 1e-9) for name, each in (("CPU", cpus), ("GPU", gpus)) if each]
-    return held + min(fits)
+    free = available_resources_per_node()
+    fits = 0
+    for node in ray.nodes():
+        if not node.get("Alive") or not _answers(node):
+            continue
+        have = free.get(node["NodeID"], {})
+        fits += min(
+            int(have.get(name, 0) / each + 1e-9)
+            for name, each in (("CPU", cpus), ("GPU", gpus))
+            if each
+        )
+    return held + fits
+
+
+def _answers(node: dict[str, Any]) -> bool:
+    """Whether the node's raylet accepts a connection (a killed one refuses at once)."""
+    address = (node.get("NodeManagerAddress"), node.get("NodeManagerPort"))
+    try:
+        socket.create_connection(address, timeout=1.0).close()
+    except OSError:
+        return False
+    return True
 
 
 def _wait_gone(ray: Any, actors: list[Any]) -> None:

@@ -1,0 +1,144 @@
+"""Elastic runs on 2 namespaced hosts x 2 slots (issue 25's acceptance): one cluster with Spark
+standalone and Ray on every host, started once for these few jobs.
+
+- Spark, np=4, min_np=2, max_np=4: an MLP (DistributedOptimizer) and the same MLP sharded with
+  FSDP2 train side by side under hvd.elastic; mid-epoch every process of host 2 is killed; the
+  run goes on with 2 ranks from the last commit (kept on host 1); host 2 comes back; the run
+  grows to 4 at the next commit (the FSDP2 model reloaded from its DCP checkpoint at each new
+  size) and finishes. Every sample of every epoch is trained once in the final model, which
+  equals one process trained on the same steps, and so does the FSDP2 model.
+- Spark, the same with a Keras model (hora.tensorflow.keras.elastic's state and callbacks).
+- Ray: an actor's node is removed (host 2 killed); the run shrinks to 2 and finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import hora
+from tests.cluster._checks import Watcher
+from tests.cluster._cluster import Cluster
+from tests.cluster.conftest import (
+    CORES,
+    HOSTS,
+    WAIT_SECONDS,
+    make_whole,
+    note,
+    start_cluster,
+    stop_cluster,
+    timed,
+    wait_for_ray_cpus,
+    wait_for_spark_executors,
+)
+from tests.elastic import _jobs
+
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.ray]
+
+NP = HOSTS * CORES
+JOB_TIMEOUT = 400.0
+SETTLE = "2"  # HORA_ELASTIC_SETTLE_SECONDS on the driver: a lost host leaves Spark's count at once
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """Spark standalone and Ray on the same hosts; this process the driver of both."""
+    pytest.importorskip("pyspark", reason="pyspark is not installed")
+    ray = pytest.importorskip("ray", reason="ray is not installed")
+    from tests.spark.conftest import start_spark, stop_spark
+
+    found = start_cluster(spark=True, ray=True)
+    session = None
+    try:
+        with timed("elastic: SparkSession and Ray connected, every slot there"):
+            session = start_spark(
+                found.spark_master,
+                **{
+                    "spark.driver.host": found.driver_address,
+                    "spark.driver.bindAddress": found.driver_address,
+                    "spark.executor.memory": "512m",
+                    "spark.executor.cores": str(CORES),
+                },
+            )
+            wait_for_spark_executors(session.sparkContext, HOSTS)
+            ray.init(
+                address=found.ray_address,
+                _node_ip_address=found.driver_address,
+                log_to_driver=False,
+            )
+            wait_for_ray_cpus(HOSTS * CORES)
+        yield found
+    finally:
+        ray.shutdown()
+        if session is not None:
+            stop_spark(session)
+        stop_cluster(found)
+
+
+@pytest.fixture
+def whole(cluster: Cluster, monkeypatch) -> Iterator[Cluster]:
+    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", SETTLE)
+    yield cluster
+    make_whole(cluster)
+
+
+def _marked(folder: Path, name: str):
+    def ready() -> str | None:
+        mark = folder / name
+        return (mark.read_text() or "yes") if mark.exists() else None
+
+    return ready
+
+
+def _lose_and_bring_back(cluster: Cluster, folder: Path):
+    """Watchers: kill the host a rank marks; once the run is small, bring it back."""
+
+    def bring_back(_: str) -> None:
+        make_whole(cluster)  # host 2's Spark worker and Ray node again, every slot registered
+        (folder / _jobs.BACK_MARK).touch()
+
+    killer = Watcher(_marked(folder, _jobs.HOST_MARK), cluster.kill_host)
+    returner = Watcher(_marked(folder, _jobs.SMALL_MARK), bring_back)
+    return killer, returner
+
+
+def _assert_exactly_once_and_like_one_process(plan: _jobs.Plan, results: list) -> list[int]:
+    steps, worlds, starts = _jobs.kept_steps(plan.folder)
+    epochs = _jobs.samples_per_epoch(steps)
+    assert epochs == {e: list(range(plan.samples)) for e in range(plan.epochs)}
+    want = _jobs.reference(plan, steps)
+    for r in results:
+        for key, value in want.items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
+    note(f"  worlds {worlds}, attempts resumed from commits {starts}")
+    return worlds
+
+
+@pytest.mark.timeout(900)
+def test_spark_shrinks_on_a_lost_host_and_grows_back_mlp_and_fsdp2(whole, tmp_path, capfd):
+    plan = _jobs.Plan(
+        str(tmp_path), full=NP, fault="host", fault_commit=1, wait_for_return=True, fsdp=True,
+        step_seconds=0.05,
+    )
+    killer, returner = _lose_and_bring_back(whole, tmp_path)
+    with killer, returner, timed("elastic spark: lose host, shrink, return, grow (MLP+FSDP2)"):
+        results = hora.run(
+            _jobs.train, (plan,), np=NP, min_np=2, max_np=NP, backend="spark",
+            timeout=JOB_TIMEOUT,
+        )
+    worlds = _assert_exactly_once_and_like_one_process(plan, results)
+    assert worlds == [4, 2, 4], worlds
+    assert killer.value in {h.name for h in whole.hosts}
+    for r in results:  # the FSDP2 model, resharded at every size, trained the same steps
+        for key, value in r["weights"].items():
+            torch.testing.assert_close(r["sharded"][key], value, rtol=0, atol=1e-9)
+    err = capfd.readouterr().err
+    lost = rf"hora: resizing from 4 to 2 ranks \(lost {killer.value}: "
+    assert re.search(lost, err), err
+    assert re.search(r"hora: resizing from 2 to 4 ranks \(free slots for 4 ranks; every rank "
+                     r"stopped at commit \d+\)", err), err
