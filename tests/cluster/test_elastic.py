@@ -142,3 +142,20 @@ def test_spark_shrinks_on_a_lost_host_and_grows_back_mlp_and_fsdp2(whole, tmp_pa
     assert re.search(lost, err), err
     assert re.search(r"hora: resizing from 2 to 4 ranks \(free slots for 4 ranks; every rank "
                      r"stopped at commit \d+\)", err), err
+
+
+@pytest.mark.timeout(600)
+def test_ray_shrinks_when_an_actors_node_is_removed_and_finishes(whole, tmp_path, capfd):
+    plan = _jobs.Plan(str(tmp_path), full=NP, fault="host", fault_commit=1, step_seconds=0.05)
+    with (
+        Watcher(_marked(tmp_path, _jobs.HOST_MARK), whole.kill_host) as killer,
+        timed("elastic ray: an actor's node removed, shrink, finish"),
+    ):
+        results = hora.run(
+            _jobs.train, (plan,), np=NP, min_np=2, max_np=NP, backend="ray", timeout=JOB_TIMEOUT
+        )
+    worlds = _assert_exactly_once_and_like_one_process(plan, results)
+    assert worlds == [4, 2], worlds
+    assert {r["host"] for r in results} == {h.name for h in whole.hosts} - {killer.value}
+    err = capfd.readouterr().err
+    assert re.search(rf"hora: resizing from 4 to 2 ranks \(lost {killer.value}: ", err), err
