@@ -36,7 +36,7 @@ from tests.cluster.conftest import (
     wait_for_ray_cpus,
     wait_for_spark_executors,
 )
-from tests.elastic import _jobs
+from tests.elastic import _jobs, _keras_jobs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.ray]
 
@@ -142,6 +142,33 @@ def test_spark_shrinks_on_a_lost_host_and_grows_back_mlp_and_fsdp2(whole, tmp_pa
     assert re.search(lost, err), err
     assert re.search(r"hora: resizing from 2 to 4 ranks \(free slots for 4 ranks; every rank "
                      r"stopped at commit \d+\)", err), err
+
+
+@pytest.mark.timeout(900)
+def test_spark_shrinks_on_a_lost_host_and_grows_back_keras(whole, tmp_path, capfd):
+    plan = _jobs.Plan(
+        str(tmp_path), full=NP, fault="host", fault_commit=1, wait_for_return=True,
+        step_seconds=0.05,
+    )
+    killer, returner = _lose_and_bring_back(whole, tmp_path)
+    with killer, returner, timed("elastic spark: lose host, shrink, return, grow (Keras)"):
+        results = hora.run(
+            _keras_jobs.train, (plan,), np=NP, min_np=2, max_np=NP, backend="spark",
+            timeout=JOB_TIMEOUT,
+        )
+    steps, worlds, starts = _jobs.kept_steps(plan.folder)
+    note(f"  worlds {worlds}, attempts resumed from commits {starts}")
+    assert worlds == [4, 2, 4], worlds
+    epochs = _jobs.samples_per_epoch(steps)
+    assert epochs == {e: list(range(plan.samples)) for e in range(plan.epochs)}
+    # the one-process Keras reference, in a process of its own (TensorFlow stays out of here)
+    want = hora.run(_keras_jobs.reference, (plan, steps), np=1, backend="local")[0]
+    for r in results:
+        for got, value in zip(r["weights"], want, strict=True):
+            assert abs(got - value).max() < 1e-9, (got, value)
+    err = capfd.readouterr().err
+    assert re.search(rf"hora: resizing from 4 to 2 ranks \(lost {killer.value}: ", err), err
+    assert "hora: resizing from 2 to 4 ranks (free slots for 4 ranks" in err, err
 
 
 @pytest.mark.timeout(600)
