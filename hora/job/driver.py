@@ -24,8 +24,8 @@ import cloudpickle
 
 from hora import environment
 from hora._output_files import OutputFiles
-from hora.config import RunConfig
 from hora.checkpoint import remove_host_commits
+from hora.config import RunConfig
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
 from hora.job.elastic import AttemptResized, Capacity, GrowthWatch, Sizer, TooFewSlots
 from hora.job.metrics import MetricsLog
@@ -160,7 +160,9 @@ class Job:
         try:
             np = self.sizer.next_size(_wait(self.config.start_timeout, deadline), settle=False)
         except TooFewSlots as short:
-            raise self._too_few_slots(attempt, short, "the slots it was to grow into left") from None
+            raise self._too_few_slots(
+                attempt, short, "the slots it was to grow into left"
+            ) from None
         why = f"free slots for {np} ranks; every rank stopped at commit {commit}"
         _say(f"hora: resizing from {attempt.np} to {np} ranks ({why})")
         timeline.mark("resize", {"from": attempt.np, "to": np, "why": why, "commit": commit})

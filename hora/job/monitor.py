@@ -132,7 +132,7 @@ class Monitor:
                 all_done_at = all_done_at or now
                 if len(self.exits) == np or now - all_done_at > EXIT_GRACE_SECONDS:
                     return self.results
-            elif self.growth is not None and self.growth.due(now):
+            elif self.growth is not None and len(self.started) == np and self.growth.due(now):
                 self._send_all(HostsUpdated())
             if len(self.started) < np and now > start_deadline:
                 missing = [r for r in range(np) if r not in self.started]
@@ -264,8 +264,10 @@ class Monitor:
             return
         if code != 0:
             self.failures[rank] = Failure(rank, describe_exit(code), "", False, time.time())
-        elif rank not in self.results and rank not in self.resized and (
-            rank in self.closed or rank not in self.started
+        elif (
+            rank not in self.results
+            and rank not in self.resized
+            and (rank in self.closed or rank not in self.started)
         ):
             # A result still in flight on the channel arrives before the channel's close, so a
             # clean exit without a result is judged only once the channel has drained.

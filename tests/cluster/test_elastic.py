@@ -13,7 +13,6 @@ standalone and Ray on every host, started once for these few jobs.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +26,6 @@ from tests.cluster._cluster import Cluster
 from tests.cluster.conftest import (
     CORES,
     HOSTS,
-    WAIT_SECONDS,
     make_whole,
     note,
     start_cluster,
@@ -122,13 +120,23 @@ def _assert_exactly_once_and_like_one_process(plan: _jobs.Plan, results: list) -
 @pytest.mark.timeout(900)
 def test_spark_shrinks_on_a_lost_host_and_grows_back_mlp_and_fsdp2(whole, tmp_path, capfd):
     plan = _jobs.Plan(
-        str(tmp_path), full=NP, fault="host", fault_commit=1, wait_for_return=True, fsdp=True,
+        str(tmp_path),
+        full=NP,
+        fault="host",
+        fault_commit=1,
+        wait_for_return=True,
+        fsdp=True,
         step_seconds=0.05,
     )
     killer, returner = _lose_and_bring_back(whole, tmp_path)
     with killer, returner, timed("elastic spark: lose host, shrink, return, grow (MLP+FSDP2)"):
         results = hora.run(
-            _jobs.train, (plan,), np=NP, min_np=2, max_np=NP, backend="spark",
+            _jobs.train,
+            (plan,),
+            np=NP,
+            min_np=2,
+            max_np=NP,
+            backend="spark",
             timeout=JOB_TIMEOUT,
         )
     worlds = _assert_exactly_once_and_like_one_process(plan, results)
@@ -140,20 +148,32 @@ def test_spark_shrinks_on_a_lost_host_and_grows_back_mlp_and_fsdp2(whole, tmp_pa
     err = capfd.readouterr().err
     lost = rf"hora: resizing from 4 to 2 ranks \(lost {killer.value}: "
     assert re.search(lost, err), err
-    assert re.search(r"hora: resizing from 2 to 4 ranks \(free slots for 4 ranks; every rank "
-                     r"stopped at commit \d+\)", err), err
+    assert re.search(
+        r"hora: resizing from 2 to 4 ranks \(free slots for 4 ranks; every rank "
+        r"stopped at commit \d+\)",
+        err,
+    ), err
 
 
 @pytest.mark.timeout(900)
 def test_spark_shrinks_on_a_lost_host_and_grows_back_keras(whole, tmp_path, capfd):
     plan = _jobs.Plan(
-        str(tmp_path), full=NP, fault="host", fault_commit=1, wait_for_return=True,
+        str(tmp_path),
+        full=NP,
+        fault="host",
+        fault_commit=1,
+        wait_for_return=True,
         step_seconds=0.05,
     )
     killer, returner = _lose_and_bring_back(whole, tmp_path)
     with killer, returner, timed("elastic spark: lose host, shrink, return, grow (Keras)"):
         results = hora.run(
-            _keras_jobs.train, (plan,), np=NP, min_np=2, max_np=NP, backend="spark",
+            _keras_jobs.train,
+            (plan,),
+            np=NP,
+            min_np=2,
+            max_np=NP,
+            backend="spark",
             timeout=JOB_TIMEOUT,
         )
     steps, worlds, starts = _jobs.kept_steps(plan.folder)

@@ -130,8 +130,15 @@ def train(plan: Plan) -> dict[str, Any]:
                     state.sharded_opt.zero_grad()
                     _loss(state.sharded, x[idx], y[idx]).backward()
                     state.sharded_opt.step()
-                log({"n": n, "world": world, "epoch": state.epoch, "commit": state.commit_index,
-                     "idx": idx})
+                log(
+                    {
+                        "n": n,
+                        "world": world,
+                        "epoch": state.epoch,
+                        "commit": state.commit_index,
+                        "idx": idx,
+                    }
+                )
                 n += 1
                 state.sampler.record_batch(i // plan.batch, plan.batch)
                 _maybe_fault(plan, attempt, rank, world, state.commit_index - start)

@@ -81,8 +81,15 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             idx = rows(state.epoch, state.samples)
-            log({"n": self.n, "world": world, "epoch": state.epoch,
-                 "commit": state.commit_index, "idx": idx})
+            log(
+                {
+                    "n": self.n,
+                    "world": world,
+                    "epoch": state.epoch,
+                    "commit": state.commit_index,
+                    "idx": idx,
+                }
+            )
             self.n += 1
             state.samples += per_step
             _jobs._maybe_fault(plan, attempt, rank, world, state.commit_index - self.start)

@@ -87,9 +87,11 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         """Every index some rank has processed this epoch, as far as this rank knows."""
         done = set(self.processed_indices)
         for shard in range(self.num_replicas):
-            done.update(self.remaining_indices[shard : self.total_size : self.num_replicas][
-                : self.processed_num
-            ])
+            done.update(
+                self.remaining_indices[shard : self.total_size : self.num_replicas][
+                    : self.processed_num
+                ]
+            )
         return done
 
     def state_dict(self) -> dict[str, Any]:
