@@ -4,6 +4,7 @@ and a fake cluster count, as tests/job drives the fixed-size loop."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 
@@ -14,7 +15,7 @@ from hora.config import ELASTIC_MAX_RESTARTS, RunConfig
 from hora.errors import WorkerFailedError
 from hora.job.driver import Attempt, Job
 from hora.job.elastic import GrowthWatch
-from hora.wire.protocol import Exited, Hello, HostsUpdated, Resized
+from hora.wire.protocol import Exited, Hello, HostsUpdated, Resized, Resumed, TimelineBatch
 from tests.job.test_restart_policy import FakeConnection, FakeGroup, hellos, sigkilled, succeeds
 
 
@@ -143,3 +144,32 @@ def test_an_engine_that_cannot_count_its_slots_refuses_an_elastic_run(monkeypatc
     with pytest.raises(ValueError, match="the 'local' engine cannot count its free slots"):
         RunConfig(np=2, max_np=3)
     RunConfig(np=2)  # a fixed run needs no count
+
+
+def test_the_timeline_marks_each_resize_and_the_commit_resumed_from(tmp_path):
+    trace = tmp_path / "trace.json"
+    batch: list[object] = [TimelineBatch(0, str(trace), [])]
+    calls = []
+
+    def capacity(held: int) -> int:
+        calls.append(held)
+        return 3 if len(calls) == 1 else 4  # after the failure, then when growing
+
+    drive(
+        [
+            lambda np: batch + sigkilled(1) + hellos(4)[2:],
+            lambda np: [*batch, Resumed(0, 5, 4), *resized(np)],
+            lambda np: batch + succeeds(np),
+        ],
+        capacity,
+        np=4,
+        min_np=2,
+        max_np=4,
+    )
+    events = json.loads(trace.read_text())
+    marks = [(e["name"], e["args"]) for e in events if e.get("pid") == -1 and e["ph"] == "i"]
+    assert [name for name, _ in marks] == ["resize", "resumed", "resize"], marks
+    assert marks[0][1]["from"] == 4 and marks[0][1]["to"] == 3
+    assert "killed by signal 9" in marks[0][1]["why"]
+    assert marks[1][1] == {"commit": 5, "made_by": 4}
+    assert (marks[2][1]["from"], marks[2][1]["to"], marks[2][1]["commit"]) == (3, 4, 7)
