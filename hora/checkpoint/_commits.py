@@ -7,7 +7,7 @@ local rank 0 (after a commit every rank holds the same state) to a file that out
 processes: in the host's shared memory (/dev/shm, a tmpfs: no disk; the temp folder where there
 is none), `hora-elastic-<uid>/<run id>/commit.pt`, replaced atomically (written beside it, then
 renamed, so a rank killed mid-write leaves the previous commit whole). It holds the commit's
-index, how many ranks made it, and the state. A new attempt's ranks read their hosts' files and
+number, how many ranks made it, and the state. A new attempt's ranks read their hosts' files and
 restore the freshest (`hora.collectives.elastic`).
 
 The files of a run are removed when it ends, by its last ranks (every host they ran on) and by
@@ -31,9 +31,9 @@ FILE_NAME = "commit.pt"
 
 
 class Commit(NamedTuple):
-    """One committed state: the `index`-th commit of the run, made by `size` ranks."""
+    """One committed state: the `number`-th commit of the run, made by `size` ranks."""
 
-    index: int
+    number: int
     size: int
     state: Any
 
@@ -61,7 +61,7 @@ class CommitStore:
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         temp = self.folder / f".{FILE_NAME}.{os.getpid()}.tmp"
         with open(temp, "wb") as f:
-            torch.save({"index": commit.index, "size": commit.size, "state": commit.state}, f)
+            torch.save({"number": commit.number, "size": commit.size, "state": commit.state}, f)
         os.replace(temp, self.path)
 
     def read(self) -> Commit | None:
@@ -73,7 +73,7 @@ class CommitStore:
                 data = torch.load(f, map_location="cpu", weights_only=False)  # our own file
         except FileNotFoundError:
             return None
-        return Commit(int(data["index"]), int(data["size"]), data["state"])
+        return Commit(int(data["number"]), int(data["size"]), data["state"])
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -82,13 +82,13 @@ class Commits:
         if local_rank() == 0:
             remove_stale_commits()
             mine = self.store.read()
-        indexes = allgather_object(mine.index if mine else -1, name="elastic.freshest")
+        indexes = allgather_object(mine.number if mine else -1, name="elastic.freshest")
         best = max(indexes)
         if best < 0:
             return None
         holder = indexes.index(best)  # the lowest rank holding it
         commit = broadcast_object(mine if rank() == holder else None, holder, "elastic.restore")
-        self.index = commit.index
+        self.index = commit.number
         return commit
 
     def hosts_updated(self) -> bool:
@@ -266,7 +266,7 @@ def _resume(state: State) -> None:
         state.sync()
         return
     if rank() == 0:
-        link.send_to_driver(Resumed(0, commit.index, commit.size))
+        link.send_to_driver(Resumed(0, commit.number, commit.size))
     if commit.size != size():
         state.on_reset()
 

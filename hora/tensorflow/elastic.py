@@ -58,6 +58,7 @@ class TensorFlowKerasState(ObjectState):
         if self._saved_optimizer:
             variables = self._optimizer_variables()
             if len(variables) != len(self._saved_optimizer):
+                assert self.optimizer is not None  # it has saved variables
                 self.optimizer.build(self.model.trainable_variables)  # a fresh optimizer
                 variables = self._optimizer_variables()
             for variable, value in zip(variables, self._saved_optimizer, strict=True):

@@ -21,7 +21,7 @@ def test_a_commit_replaces_the_last_one_whole_and_outlives_its_writer(tmp_path, 
     store.write(Commit(1, 4, {"w": torch.ones(3)}))
     store.write(Commit(2, 4, {"w": torch.full((3,), 2.0)}))
     again = CommitStore("run-a").read()  # another process of the same run, later
-    assert again is not None and (again.index, again.size) == (2, 4)
+    assert again is not None and (again.number, again.size) == (2, 4)
     assert torch.equal(again.state["w"], torch.full((3,), 2.0))
     assert [p.name for p in store.folder.iterdir()] == ["commit.pt"]  # no temp file left
     assert oct(store.folder.stat().st_mode & 0o777) == "0o700"

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch.utils.data
 
-from hora.torch.mpi_ops import rank, size
+from hora.collectives import rank, size
 
 __all__ = ["ElasticSampler", "partition"]
 

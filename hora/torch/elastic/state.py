@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from hora.collectives import rank
 from hora.collectives.elastic import ObjectState
 from hora.collectives.elastic import State as State
 from hora.torch.elastic.sampler import ElasticSampler
@@ -29,7 +30,6 @@ from hora.torch.functions import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from hora.torch.mpi_ops import rank
 
 __all__ = ["ObjectState", "State", "TorchState"]
 
@@ -183,6 +183,8 @@ class TorchState(ObjectState):
     sharded with FSDP2 is committed to `checkpoint_dir` (storage every host sees), with the
     optimizers of its parameters.
     """
+
+    _handlers: dict[str, _Handler]
 
     def __init__(
         self,
