@@ -82,7 +82,7 @@ class Job:
         self.metrics = MetricsLog(config.report_to, progress=config.progress)
         self.run_id = uuid.uuid4().hex[:16]  # every attempt's: where the ranks keep commits
         self.commits_here = commits_here  # every rank runs on this host: remove them at the end
-        self.sizer = None
+        self.sizer: Sizer | None = None
         if config.elastic:
             if capacity is None:
                 raise ValueError("an elastic run needs its engine's capacity")

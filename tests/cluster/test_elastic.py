@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,13 +27,13 @@ from tests.cluster._cluster import Cluster
 from tests.cluster.conftest import (
     CORES,
     HOSTS,
+    connect_ray,
     make_whole,
     note,
+    spark_session_on,
     start_cluster,
     stop_cluster,
     timed,
-    wait_for_ray_cpus,
-    wait_for_spark_executors,
 )
 from tests.elastic import _jobs, _keras_jobs
 
@@ -48,28 +49,14 @@ def cluster() -> Iterator[Cluster]:
     """Spark standalone and Ray on the same hosts; this process the driver of both."""
     pytest.importorskip("pyspark", reason="pyspark is not installed")
     ray = pytest.importorskip("ray", reason="ray is not installed")
-    from tests.spark.conftest import start_spark, stop_spark
+    from tests.spark.conftest import stop_spark
 
     found = start_cluster(spark=True, ray=True)
     session = None
     try:
         with timed("elastic: SparkSession and Ray connected, every slot there"):
-            session = start_spark(
-                found.spark_master,
-                **{
-                    "spark.driver.host": found.driver_address,
-                    "spark.driver.bindAddress": found.driver_address,
-                    "spark.executor.memory": "512m",
-                    "spark.executor.cores": str(CORES),
-                },
-            )
-            wait_for_spark_executors(session.sparkContext, HOSTS)
-            ray.init(
-                address=found.ray_address,
-                _node_ip_address=found.driver_address,
-                log_to_driver=False,
-            )
-            wait_for_ray_cpus(HOSTS * CORES)
+            session = spark_session_on(found)
+            connect_ray(found)
         yield found
     finally:
         ray.shutdown()
@@ -105,90 +92,66 @@ def _lose_and_bring_back(cluster: Cluster, folder: Path):
     return killer, returner
 
 
-def _assert_exactly_once_and_like_one_process(plan: _jobs.Plan, results: list) -> list[int]:
+def _kept_steps(plan: _jobs.Plan) -> tuple[list[_jobs.Step], list[int]]:
+    """The steps the final model holds and each attempt's size; every sample of every epoch
+    among them once."""
     steps, worlds, starts = _jobs.kept_steps(plan.folder)
+    note(f"  worlds {worlds}, attempts resumed from commits {starts}")
     epochs = _jobs.samples_per_epoch(steps)
     assert epochs == {e: list(range(plan.samples)) for e in range(plan.epochs)}
-    want = _jobs.reference(plan, steps)
-    for r in results:
-        for key, value in want.items():
-            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
-    note(f"  worlds {worlds}, attempts resumed from commits {starts}")
-    return worlds
+    return steps, worlds
+
+
+def _shrink_and_grow_on_spark(
+    cluster: Cluster, folder: Path, job: Any, what: str, capfd: Any, **options: Any
+) -> tuple[_jobs.Plan, list[dict[str, Any]], list[_jobs.Step]]:
+    """`job` on Spark (np=4, min_np=2, max_np=4) loses the host its last rank marks mid-epoch,
+    goes on with 2 ranks, and grows back to 4 once the host is back; the driver says so."""
+    plan = _jobs.Plan(
+        str(folder),
+        full=NP,
+        fault="host",
+        fault_commit=1,
+        wait_for_return=True,
+        step_seconds=0.05,
+        **options,
+    )
+    killer, returner = _lose_and_bring_back(cluster, folder)
+    with killer, returner, timed(f"elastic spark: lose host, shrink, return, grow ({what})"):
+        results = hora.run(
+            job, (plan,), np=NP, min_np=2, max_np=NP, backend="spark", timeout=JOB_TIMEOUT
+        )
+    steps, worlds = _kept_steps(plan)
+    assert worlds == [NP, 2, NP], worlds
+    err = capfd.readouterr().err
+    assert re.search(rf"hora: resizing from 4 to 2 ranks \(lost {killer.value}: ", err), err
+    grew = r"hora: resizing from 2 to 4 ranks \(free slots for 4 ranks; every rank stopped at "
+    assert re.search(grew + r"commit \d+\)", err), err
+    return plan, results, steps
 
 
 @pytest.mark.timeout(900)
 def test_spark_shrinks_on_a_lost_host_and_grows_back_mlp_and_fsdp2(whole, tmp_path, capfd):
-    plan = _jobs.Plan(
-        str(tmp_path),
-        full=NP,
-        fault="host",
-        fault_commit=1,
-        wait_for_return=True,
-        fsdp=True,
-        step_seconds=0.05,
+    plan, results, steps = _shrink_and_grow_on_spark(
+        whole, tmp_path, _jobs.train, "MLP+FSDP2", capfd, fsdp=True
     )
-    killer, returner = _lose_and_bring_back(whole, tmp_path)
-    with killer, returner, timed("elastic spark: lose host, shrink, return, grow (MLP+FSDP2)"):
-        results = hora.run(
-            _jobs.train,
-            (plan,),
-            np=NP,
-            min_np=2,
-            max_np=NP,
-            backend="spark",
-            timeout=JOB_TIMEOUT,
-        )
-    worlds = _assert_exactly_once_and_like_one_process(plan, results)
-    assert worlds == [4, 2, 4], worlds
-    assert killer.value in {h.name for h in whole.hosts}
-    for r in results:  # the FSDP2 model, resharded at every size, trained the same steps
-        for key, value in r["weights"].items():
+    want = _jobs.reference(plan, steps)
+    for r in results:  # and the FSDP2 model, resharded at every size, trained the same steps
+        for key, value in want.items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
             torch.testing.assert_close(r["sharded"][key], value, rtol=0, atol=1e-9)
-    err = capfd.readouterr().err
-    lost = rf"hora: resizing from 4 to 2 ranks \(lost {killer.value}: "
-    assert re.search(lost, err), err
-    assert re.search(
-        r"hora: resizing from 2 to 4 ranks \(free slots for 4 ranks; every rank "
-        r"stopped at commit \d+\)",
-        err,
-    ), err
 
 
 @pytest.mark.timeout(900)
 def test_spark_shrinks_on_a_lost_host_and_grows_back_keras(whole, tmp_path, capfd):
-    plan = _jobs.Plan(
-        str(tmp_path),
-        full=NP,
-        fault="host",
-        fault_commit=1,
-        wait_for_return=True,
-        step_seconds=0.05,
+    plan, results, steps = _shrink_and_grow_on_spark(
+        whole, tmp_path, _keras_jobs.train, "Keras", capfd
     )
-    killer, returner = _lose_and_bring_back(whole, tmp_path)
-    with killer, returner, timed("elastic spark: lose host, shrink, return, grow (Keras)"):
-        results = hora.run(
-            _keras_jobs.train,
-            (plan,),
-            np=NP,
-            min_np=2,
-            max_np=NP,
-            backend="spark",
-            timeout=JOB_TIMEOUT,
-        )
-    steps, worlds, starts = _jobs.kept_steps(plan.folder)
-    note(f"  worlds {worlds}, attempts resumed from commits {starts}")
-    assert worlds == [4, 2, 4], worlds
-    epochs = _jobs.samples_per_epoch(steps)
-    assert epochs == {e: list(range(plan.samples)) for e in range(plan.epochs)}
     # the one-process Keras reference, in a process of its own (TensorFlow stays out of here)
     want = hora.run(_keras_jobs.reference, (plan, steps), np=1, backend="local")[0]
     for r in results:
         for got, value in zip(r["weights"], want, strict=True):
             assert abs(got - value).max() < 1e-9, (got, value)
-    err = capfd.readouterr().err
-    assert re.search(rf"hora: resizing from 4 to 2 ranks \(lost {killer.value}: ", err), err
-    assert "hora: resizing from 2 to 4 ranks (free slots for 4 ranks" in err, err
 
 
 @pytest.mark.timeout(600)
@@ -201,8 +164,12 @@ def test_ray_shrinks_when_an_actors_node_is_removed_and_finishes(whole, tmp_path
         results = hora.run(
             _jobs.train, (plan,), np=NP, min_np=2, max_np=NP, backend="ray", timeout=JOB_TIMEOUT
         )
-    worlds = _assert_exactly_once_and_like_one_process(plan, results)
+    steps, worlds = _kept_steps(plan)
     assert worlds == [4, 2], worlds
+    want = _jobs.reference(plan, steps)
+    for r in results:
+        for key, value in want.items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
     assert {r["host"] for r in results} == {h.name for h in whole.hosts} - {killer.value}
     err = capfd.readouterr().err
     assert re.search(rf"hora: resizing from 4 to 2 ranks \(lost {killer.value}: ", err), err
