@@ -79,8 +79,8 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
     rank = boot.rank
     job: Payload = conn.recv()
     done = threading.Event()
+    link.attach(link.DriverLink(conn, rank, boot.secret))  # first: the watcher may note to it
     threading.Thread(target=_watch_driver, args=(conn, rank, done), daemon=True).start()
-    link.attach(link.DriverLink(conn, rank, boot.secret))
     try:
         fn, args, kwargs = cloudpickle.loads(job.job)
         result = fn(*args, **kwargs)
