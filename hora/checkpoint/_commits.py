@@ -58,7 +58,8 @@ class CommitStore:
         """Replace this host's commit with `commit`, atomically."""
         import torch  # here: the driver imports this package without torch
 
-        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.folder.parent.mkdir(exist_ok=True, mode=0o700)  # this user's, private
+        self.folder.mkdir(exist_ok=True, mode=0o700)
         temp = self.folder / f".{FILE_NAME}.{os.getpid()}.tmp"
         with open(temp, "wb") as f:
             torch.save({"number": commit.number, "size": commit.size, "state": commit.state}, f)
