@@ -78,6 +78,8 @@ class CommitStore:
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.folder.parent.rmdir()  # only when no other run of this user keeps commits
 
 
 def remove_host_commits(run_id: str) -> None:
