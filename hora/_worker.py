@@ -32,7 +32,9 @@ from hora.wire.protocol import (
     Error,
     Heartbeat,
     Hello,
+    HostsUpdated,
     Payload,
+    Resized,
     Result,
     Stacks,
 )
@@ -59,8 +61,11 @@ def _watch_driver(conn: channel.Connection, rank: int, done: threading.Event) ->
     worker's process group if the driver's channel closes before the job is done."""
     with contextlib.suppress(Exception):
         while True:
-            if isinstance(conn.recv(), DumpStacks):
+            message = conn.recv()
+            if isinstance(message, DumpStacks):
                 conn.send(Stacks(rank, _stacks.dump(skip=threading.current_thread())))
+            elif isinstance(message, HostsUpdated):
+                link.note_hosts_updated()
     if not done.is_set():
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
@@ -89,14 +94,16 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
     rank = boot.rank
     job: Payload = conn.recv()
     done = threading.Event()
+    link.attach(link.DriverLink(conn, rank, boot.secret))  # first: the watcher may note to it
     threading.Thread(target=_watch_driver, args=(conn, rank, done), daemon=True).start()
     threading.Thread(
         target=_beat, args=(conn, rank, done), name="hora-heartbeat", daemon=True
     ).start()
-    link.attach(link.DriverLink(conn, rank, boot.secret))
     try:
         fn, args, kwargs = cloudpickle.loads(job.job)
         result = fn(*args, **kwargs)
+    except link.ResizeExit as exc:  # an elastic run stopped at a commit, to resize
+        return _report(conn, done, Resized(rank, exc.commit), status=0)
     except SystemExit as exc:
         if exc.code in (0, None):
             result = None
@@ -113,7 +120,10 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
 
 
 def _report(
-    conn: channel.Connection, done: threading.Event, message: Error | Result, status: int = 1
+    conn: channel.Connection,
+    done: threading.Event,
+    message: Error | Result | Resized,
+    status: int = 1,
 ) -> int:
     sys.stdout.flush()
     sys.stderr.flush()

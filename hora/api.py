@@ -21,7 +21,10 @@ class Runner:
     every rank's output to the driver; `"log_callback_only"` only what the workers send with
     `log_to_driver`.
     `max_restarts=N` restarts every rank up to N times when one fails (load your last checkpoint
-    at the start of `main`: see `hora.checkpoint`).
+    at the start of `main`: see `hora.checkpoint`). `min_np`/`max_np` make the run elastic
+    (Horovod's): after a failure it goes on with as many ranks as the cluster can run, at least
+    `min_np`, and grows back to `max_np` at a commit of `hvd.elastic`; every attempt after the
+    first spends one of `max_restarts` (default 10 when elastic).
     `output_filename` is a folder where each rank's output also goes (horovodrun's option).
     Metrics the ranks send with `hora.report` are printed per step and handed to `report_to`
     (hora.reporters.TensorBoard, MLflow, any callable); `return_metrics=True` makes `run`
@@ -36,13 +39,15 @@ class Runner:
         start_timeout: float = 600,
         timeout: float | None = None,
         env: Mapping[str, str] | None = None,
-        max_restarts: int = 0,
+        max_restarts: int | None = None,
         output_filename: str | os.PathLike[str] | None = None,
         backend: str | None = None,
         engine_options: Mapping[str, Any] | None = None,
         report_to: Sequence[Reporter] | Reporter = (),
         progress: bool = True,
         return_metrics: bool = False,
+        min_np: int | None = None,
+        max_np: int | None = None,
     ):
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be an int, got {np!r}")
@@ -65,6 +70,8 @@ class Runner:
             collect_all=False,
             report_to=report_to,
             progress=progress,
+            min_np=min_np,
+            max_np=max_np,
         )
         self.return_metrics = bool(return_metrics)
 
@@ -89,18 +96,21 @@ def run(
     start_timeout: float = 600,
     timeout: float | None = None,
     driver_log_verbosity: Verbosity = "all",
-    max_restarts: int = 0,
+    max_restarts: int | None = None,
     output_filename: str | os.PathLike[str] | None = None,
     engine_options: Mapping[str, Any] | None = None,
     report_to: Sequence[Reporter] | Reporter = (),
     progress: bool = True,
     return_metrics: bool = False,
+    min_np: int | None = None,
+    max_np: int | None = None,
 ) -> Any:
     """Run `fn(*args, **kwargs)` on `np` processes; return every rank's value in rank order.
 
     `backend="auto"` uses Spark when a SparkSession is active, else Ray after `ray.init()`,
     else local processes; `engine_options` are the engine's own (hora.engines).
-    `max_restarts=N` restarts every rank up to N times when one fails.
+    `max_restarts=N` restarts every rank up to N times when one fails; `min_np`/`max_np` make
+    the run elastic (see Runner); the values are then those of the last attempt's ranks.
     `output_filename`: as horovod.run's, a folder that gets `rank.<rank>/stdout` and `stderr`.
     `report_to`, `progress`: where the ranks' `hora.report` metrics go (see Runner);
     `return_metrics=True` returns `(values, metrics)`.
@@ -117,6 +127,8 @@ def run(
         engine_options=dict(engine_options or {}),
         report_to=report_to,
         progress=progress,
+        min_np=min_np,
+        max_np=max_np,
     )
     results, metrics = launch_with_metrics(fn, tuple(args), dict(kwargs or {}), config)
     return (results, metrics) if return_metrics else results

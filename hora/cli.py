@@ -90,8 +90,27 @@ def _parser() -> argparse.ArgumentParser:
         "--max-restarts",
         dest="max_restarts",
         type=int,
-        default=0,
-        help="restart every rank up to N times when one fails (default 0, as torchrun)",
+        default=None,
+        help="restart every rank up to N times when one fails (default 0, as torchrun; 10 for "
+        "an elastic run, where every resize is an attempt too)",
+    )
+    run_cmd.add_argument(
+        "--min-np",
+        "--min-num-proc",
+        dest="min_np",
+        type=int,
+        default=None,
+        help="an elastic run (Horovod's flag): after a failure go on with as many ranks as the "
+        "cluster can run, never fewer than this (default -np when --max-np is given)",
+    )
+    run_cmd.add_argument(
+        "--max-np",
+        "--max-num-proc",
+        dest="max_np",
+        type=int,
+        default=None,
+        help="an elastic run (Horovod's flag): grow back to this many ranks when slots return, "
+        "at a commit of hvd.elastic (default -np when --min-np is given)",
     )
     run_cmd.add_argument(
         "--log-callback-only",
@@ -191,6 +210,8 @@ def _run(ns: argparse.Namespace) -> None:
         "driver_log_verbosity": "log_callback_only" if ns.log_callback_only else "all",
         "output_filename": ns.output_filename,
         "max_restarts": ns.max_restarts,
+        "min_np": ns.min_np,
+        "max_np": ns.max_np,
     }
     session_options = {"remote": ns.remote} if ns.remote else {}
     with engines.get(ns.backend).session(**session_options) or nullcontext():

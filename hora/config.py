@@ -19,6 +19,9 @@ Verbosity = Literal["all", "log_callback_only"]
 #: its `close()`, if it has one, at the end of the run
 Reporter = Callable[[int, dict[str, Any]], None]
 VERBOSITIES = ("all", "log_callback_only")
+#: max_restarts of an elastic run when none is given: every shrink and growth is an attempt, so
+#: 0 would make it fixed; Horovod's elastic driver resets up to its reset limit in the same way
+ELASTIC_MAX_RESTARTS = 10
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,9 @@ class RunConfig:
     start_timeout: float = 600.0
     timeout: float | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    max_restarts: int = 0
+    #: how many attempts may follow the first (after a failure, or to resize an elastic run);
+    #: None: 0, or ELASTIC_MAX_RESTARTS when the run is elastic
+    max_restarts: int | None = None
     #: horovodrun's --output-filename: a folder where each rank's output also goes, to
     #: `rank.<rank>/stdout` and `rank.<rank>/stderr` (written by the driver); made absolute
     output_filename: str | None = None
@@ -49,6 +54,12 @@ class RunConfig:
     report_to: Sequence[Reporter] | Reporter = ()
     #: whether the driver prints a line per reported step
     progress: bool = True
+    #: an elastic run (Horovod's --min-np/--max-np): after a failure it restarts with as many
+    #: ranks as the cluster can run (never fewer than min_np, never more than max_np), and it
+    #: grows back at a commit when slots return. Either one makes the run elastic; the other
+    #: then defaults to np, as in horovodrun.
+    min_np: int | None = None
+    max_np: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np <= 0:
@@ -66,6 +77,9 @@ class RunConfig:
         _check_seconds("start_timeout", self.start_timeout)
         if self.timeout is not None:
             _check_seconds("timeout", self.timeout)
+        self._check_elastic()
+        if self.max_restarts is None:
+            object.__setattr__(self, "max_restarts", ELASTIC_MAX_RESTARTS if self.elastic else 0)
         if (
             isinstance(self.max_restarts, bool)
             or not isinstance(self.max_restarts, int)
@@ -94,6 +108,42 @@ class RunConfig:
                 f"hora.reporters.TensorBoard(log_dir); got {given!r}"
             )
         return reporters
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the run may change its number of ranks (min_np or max_np was given)."""
+        return self.min_np is not None or self.max_np is not None
+
+    @property
+    def restart_budget(self) -> int:
+        """max_restarts as resolved: how many attempts may follow the first."""
+        return self.max_restarts or 0
+
+    @property
+    def most_ranks(self) -> int:
+        """The most ranks any attempt of the run may have."""
+        return self.max_np if self.max_np is not None else self.np
+
+    def _check_elastic(self) -> None:
+        """1 <= min_np <= np <= max_np, ints, on an engine that can count its free slots."""
+        if not self.elastic:
+            return
+        for name in ("min_np", "max_np"):
+            value = getattr(self, name)
+            if value is None:
+                object.__setattr__(self, name, self.np)
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {name}={value!r}")
+        if not self.min_np <= self.np <= self.max_np:  # type: ignore[operator]
+            raise ValueError(
+                f"an elastic run needs min_np <= np <= max_np, got min_np={self.min_np}, "
+                f"np={self.np}, max_np={self.max_np}"
+            )
+        if not engines.get(self.backend).capacity:
+            raise ValueError(
+                f"the {self.backend!r} engine cannot count its free slots, so it cannot run an "
+                "elastic job (min_np/max_np); drop them, or use the local, Spark or Ray engine"
+            )
 
 
 def _is_str(value: object) -> bool:

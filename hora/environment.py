@@ -20,6 +20,9 @@ from typing import Any
 # it, so no rank ever races to bind a port somebody else might take.
 AGENT_STORE_VARS = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
 
+RUN_ID_VAR = "HORA_RUN_ID"
+ELASTIC_VAR = "HORA_ELASTIC"
+
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 # Set on the driver, they reach every rank even where workers do not inherit the driver's
@@ -65,6 +68,11 @@ class RankEnvironment:
     #: which attempt of a restarted run this is (0: the first), and how many restarts it allows
     attempt: int
     max_restarts: int | None
+    #: the run's id, the same in every attempt (HORA_RUN_ID): where its commits are kept
+    run_id: str | None = None
+    #: whether the run may change its size (min_np/max_np): ranks then check for more slots at
+    #: every commit
+    elastic: bool = False
 
 
 def current(environ: Mapping[str, str] | None = None) -> RankEnvironment:
@@ -93,6 +101,8 @@ def current(environ: Mapping[str, str] | None = None) -> RankEnvironment:
         master_port=_int(env, "MASTER_PORT"),
         attempt=_int(env, "HORA_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT") or 0,
         max_restarts=_int(env, "HORA_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS"),
+        run_id=env.get(RUN_ID_VAR) or None,
+        elastic=env.get(ELASTIC_VAR) == "1",
     )
 
 
@@ -217,6 +227,11 @@ def restart_env(restart_count: int, max_restarts: int) -> dict[str, str]:
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
     }
+
+
+def run_env(run_id: str, elastic: bool) -> dict[str, str]:
+    """The run's id (every attempt's), and whether it is elastic."""
+    return {RUN_ID_VAR: run_id} | ({ELASTIC_VAR: "1"} if elastic else {})
 
 
 def driver_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

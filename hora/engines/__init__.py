@@ -53,12 +53,22 @@ class Engine:
     cli_session: str | None = None
     #: one line for `hora run --help`
     summary: str = ""
+    #: "module:function" of `(config, held) -> int`: how many ranks of this job the cluster could
+    #: run now, `held` being the ranks this job's running attempt holds (0 between attempts);
+    #: None when the engine cannot tell, and then it runs no elastic job (min_np/max_np)
+    capacity: str | None = None
 
     def make_launcher(self, config: RunConfig, restart: bool = False) -> Launcher:
         """The launcher of one attempt. `restart`: a later attempt, which waits (up to
         `start_timeout`) for lost capacity to return."""
         launcher_class = _load(self.launcher)
         return launcher_class(config, restart)
+
+    def free_ranks(self, config: RunConfig, held: int = 0) -> int:
+        """`capacity`'s answer: how many ranks the cluster could run now (elastic runs)."""
+        if self.capacity is None:
+            raise ValueError(f"the {self.name!r} engine cannot count its free slots")
+        return int(_load(self.capacity)(config, held))
 
     def session(self, **options: Any) -> AbstractContextManager[None] | None:
         """A fresh `cli_session` context (with `options`, e.g. Spark's `remote`), or None."""

@@ -3,13 +3,19 @@
 torchrun's restart loop, for a whole group: when any rank fails, every rank is stopped, the
 failure's story is printed, and a new group (new processes, or a new Spark barrier stage, with a
 fresh rendezvous) runs the same job again. Nothing is kept in memory across attempts: the user's
-checkpoints (`hora.checkpoint`) are what lets an attempt resume where the last one stopped.
+checkpoints (`hora.checkpoint`) and hvd.elastic's commits (kept on each host) are what lets an
+attempt resume where the last one stopped.
+
+An elastic run (min_np/max_np) sizes each attempt to the cluster (`elastic.Sizer`) and, while
+it runs below max_np, grows at a commit when slots return (`elastic.GrowthWatch`). Every
+attempt after the first, whether it follows a failure or a resize, spends one of max_restarts.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -18,8 +24,10 @@ import cloudpickle
 
 from hora import environment
 from hora._output_files import OutputFiles
+from hora.checkpoint import remove_host_commits
 from hora.config import RunConfig
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
+from hora.job.elastic import AttemptResized, Capacity, GrowthWatch, Sizer, TooFewSlots
 from hora.job.metrics import MetricsLog
 from hora.job.monitor import Group, Limits, Monitor
 from hora.job.policy import FailurePolicy
@@ -36,10 +44,14 @@ class StartableGroup(Group, Protocol):
 
 @dataclass(frozen=True)
 class Attempt:
-    """The `index`-th (from 0) of at most `total` attempts of a run."""
+    """The `index`-th (from 0) of at most `total` attempts of a run, with `np` ranks."""
 
     index: int
     total: int
+    np: int = 1
+
+    def next(self, np: int) -> Attempt:
+        return Attempt(self.index + 1, self.total, np)
 
     def __str__(self) -> str:
         return f"attempt {self.index + 1} of {self.total}"
@@ -58,14 +70,24 @@ class Job:
         payload: bytes,
         new_group: NewGroup,
         policy: FailurePolicy | None = None,
+        capacity: Capacity | None = None,
+        commits_here: bool = False,
     ):
         self.config = config
         self.payload = payload
         self.new_group = new_group
-        self.policy = policy or FailurePolicy(config.max_restarts)
+        self.policy = policy or FailurePolicy(config.restart_budget)
         self.failed: list[WorkerFailedError] = []  # one story per failed attempt, in order
         # One for the run: a restarted attempt's reports follow the ones before it.
         self.metrics = MetricsLog(config.reporters(), progress=config.progress)
+        self.run_id = uuid.uuid4().hex[:16]  # every attempt's: where the ranks keep commits
+        self.commits_here = commits_here  # every rank runs on this host: remove them at the end
+        self.sizer: Sizer | None = None
+        if config.elastic:
+            if capacity is None:
+                raise ValueError("an elastic run needs its engine's capacity")
+            self.sizer = Sizer(config.min_np or 1, config.most_ranks, capacity)
+        self._hosts: dict[int, str] = {}  # the last attempt's rank -> host
 
     def run(self) -> list[Any]:
         config = self.config
@@ -73,62 +95,137 @@ class Job:
         # Before anything starts (a bad folder is a ValueError); one for the run: an attempt's
         # output follows the one before it.
         self.output_files = (
-            OutputFiles(config.output_filename, config.np) if config.output_filename else None
+            OutputFiles(config.output_filename, config.most_ranks)
+            if config.output_filename
+            else None
         )
         timeline = DriverTimeline()  # one for the run: restarts are marks in the same trace
         try:
-            attempt = Attempt(0, config.max_restarts + 1)
+            attempt = Attempt(0, config.restart_budget + 1, config.np)
             while True:
                 try:
-                    results = self._attempt(attempt, timeline, deadline)
+                    results = self._attempt_explained(attempt, timeline, deadline)
                 except WorkerFailedError as error:
                     self.failed.append(error)
-                    if self.policy.decide(error, len(self.failed)) == "fail":
+                    if self.policy.decide(error, attempt.index + 1) == "fail":
                         raise self._final_error() from None
                     _say(f"hora: {attempt} failed: {_indented_story(error)}")
-                    _say(f"hora: restarting every rank (max_restarts={config.max_restarts})")
-                    timeline.mark("restart", {"failed": str(attempt), "cause": _first_line(error)})
-                    attempt = Attempt(attempt.index + 1, attempt.total)
+                    attempt = self._after_failure(attempt, error, timeline, deadline)
+                    continue
+                except AttemptResized as resized:
+                    attempt = self._grow(attempt, resized.commit, timeline, deadline)
                     continue
                 except RunTimeoutError as error:
                     if self.failed:
                         raise _after_failures(error, self.failed) from None
                     raise
-                except (ValueError, RuntimeError) as error:
-                    # A restart the engine refuses (its slots are gone with a host): say what the
-                    # restart was for, in the error's own class.
-                    if self.failed and type(error) in (ValueError, RuntimeError):
-                        raise type(error)(_with_earlier(str(error), self.failed)) from error
-                    raise
-                return [_loads(results.get(r)) for r in range(config.np)]
+                return [_loads(results.get(r)) for r in range(attempt.np)]
         finally:
             timeline.close()
             self.metrics.close()
             if self.output_files is not None:
                 self.output_files.close()
+            if self.commits_here:
+                remove_host_commits(self.run_id)
+
+    # -- what follows an attempt ------------------------------------------------------------
+    def _after_failure(
+        self,
+        attempt: Attempt,
+        error: WorkerFailedError,
+        timeline: DriverTimeline,
+        deadline: float | None,
+    ) -> Attempt:
+        """The next attempt after a failure: the same size, or (elastic) the cluster's."""
+        config = self.config
+        if self.sizer is None:
+            _say(f"hora: restarting every rank (max_restarts={config.max_restarts})")
+            timeline.mark("restart", {"failed": str(attempt), "cause": _first_line(error)})
+            return attempt.next(attempt.np)
+        why = self._lost(error)
+        try:
+            np = self.sizer.next_size(_wait(config.start_timeout, deadline))
+        except TooFewSlots as short:
+            raise self._too_few_slots(attempt, short, why) from None
+        change = f"resizing from {attempt.np} to" if np != attempt.np else "restarting"
+        _say(f"hora: {change} {np} ranks ({why}); the ranks resume from their last commit")
+        timeline.mark("resize", {"from": attempt.np, "to": np, "why": why})
+        return attempt.next(np)
+
+    def _grow(
+        self, attempt: Attempt, commit: int, timeline: DriverTimeline, deadline: float | None
+    ) -> Attempt:
+        """Every rank stopped at `commit` for the run to grow: the next, larger attempt."""
+        assert self.sizer is not None  # only an elastic run's ranks stop to grow
+        try:
+            np = self.sizer.next_size(_wait(self.config.start_timeout, deadline), settle=False)
+        except TooFewSlots as short:
+            raise self._too_few_slots(
+                attempt, short, "the slots it was to grow into left"
+            ) from None
+        why = f"free slots for {np} ranks; every rank stopped at commit {commit}"
+        _say(f"hora: resizing from {attempt.np} to {np} ranks ({why})")
+        timeline.mark("resize", {"from": attempt.np, "to": np, "why": why, "commit": commit})
+        return attempt.next(np)
+
+    def _lost(self, error: WorkerFailedError) -> str:
+        """What was lost, for the resize line: the failed rank's host and the failure."""
+        host = self._hosts.get(error.rank) if error.rank is not None else None
+        return (f"lost {host}: " if host else "") + _first_line(error)
+
+    def _too_few_slots(self, attempt: Attempt, short: TooFewSlots, why: str) -> WorkerFailedError:
+        min_np = self.config.min_np
+        lines = [
+            f"the cluster could run {short.seen} of min_np={min_np} ranks for {short.waited:.0f} s "
+            f"after {attempt} of {attempt.np} ranks ended ({why}); the run stops. Give the "
+            "cluster slots back, lower min_np, or raise start_timeout."
+        ]
+        for index, failure in enumerate(self.failed):
+            lines += ["", f"failed attempt {index + 1}: {_indented_story(failure)}"]
+        first = self.failed[0] if self.failed else None
+        return WorkerFailedError(
+            "\n".join(lines),
+            first.rank if first else None,
+            first.failed_ranks if first else (),
+            attempts=tuple(self.failed),
+        )
+
+    def _attempt_explained(
+        self, attempt: Attempt, timeline: DriverTimeline, deadline: float | None
+    ) -> dict[int, bytes | None]:
+        """`_attempt`, where a restart the engine refuses (its slots are gone with a host) says
+        what the restart was for, in the error's own class."""
+        try:
+            return self._attempt(attempt, timeline, deadline)
+        except (ValueError, RuntimeError) as error:
+            if self.failed and type(error) in (ValueError, RuntimeError):
+                raise type(error)(_with_earlier(str(error), self.failed)) from error
+            raise
 
     def _attempt(
         self, attempt: Attempt, timeline: DriverTimeline, deadline: float | None
     ) -> dict[int, bytes | None]:
         config = self.config
         if attempt.index:
-            _say(f"hora: {attempt} starting")
+            _say(f"hora: {attempt} starting" + (f" ({attempt.np} ranks)" if config.elastic else ""))
         env = (
             environment.driver_env()
             | dict(config.env)
-            | environment.restart_env(attempt.index, config.max_restarts)
+            | environment.restart_env(attempt.index, config.restart_budget)
+            | environment.run_env(self.run_id, config.elastic)
         )
         group = self.new_group(attempt, env)
-        self.metrics.start_attempt(attempt.index, config.np)
+        self.metrics.start_attempt(attempt.index, attempt.np)
         monitor = Monitor(
             group,
-            config.np,
+            attempt.np,
             self.payload,
             config.collect_all,
             timeline,
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
             output_files=self.output_files,
             metrics=self.metrics,
+            growth=self._growth(attempt),
         )
         try:
             group.start()
@@ -137,6 +234,16 @@ class Job:
             monitor.stopping = True
             group.stop()
             monitor.drain()
+            self._hosts = dict(monitor.started) if group.multi_host else {}
+
+    def _growth(self, attempt: Attempt) -> GrowthWatch | None:
+        """A watch for returning slots, when the attempt may grow and the budget allows it."""
+        sizer = self.sizer
+        if sizer is None or attempt.np >= sizer.max_np:
+            return None
+        if attempt.index >= self.config.restart_budget:
+            return None  # no attempt left to grow into: the run finishes at this size
+        return GrowthWatch(attempt.np, sizer.capacity, sizer.settle)
 
     def _final_error(self) -> WorkerFailedError:
         if len(self.failed) == 1:
@@ -152,6 +259,13 @@ class Job:
         return WorkerFailedError(
             "\n".join(lines), first.rank, first.failed_ranks, attempts=tuple(self.failed)
         )
+
+
+def _wait(start_timeout: float, deadline: float | None) -> float:
+    """How long to wait for slots: start_timeout, or less when the run's timeout comes first."""
+    if deadline is None:
+        return start_timeout
+    return max(0.0, min(start_timeout, deadline - time.monotonic()))
 
 
 def _loads(data: bytes | None) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,9 +42,16 @@ def launch_with_metrics(
     first = engine.make_launcher(config)
 
     def new_group(attempt: Attempt, env: Mapping[str, str]) -> WorkerGroup:
-        launcher = first if attempt.index == 0 else engine.make_launcher(config, restart=True)
-        return WorkerGroup(config.np, launcher, env)
+        if attempt.index == 0:
+            launcher = first
+        else:  # an elastic run's attempt may have another size
+            sized = dataclasses.replace(config, np=attempt.np)
+            launcher = engine.make_launcher(sized, restart=True)
+        return WorkerGroup(attempt.np, launcher, env)
 
-    job = Job(config, payload, new_group)
+    def capacity(held: int) -> int:
+        return engine.free_ranks(config, held)
+
+    job = Job(config, payload, new_group, capacity=capacity, commits_here=engine.on_this_host)
     results = job.run()
     return results, job.metrics.history()

@@ -8,6 +8,7 @@ decides nothing about restarts: it returns the results, or raises the attempt's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import sys
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 from hora._output_files import OutputFiles
 from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
+from hora.job.elastic import AttemptResized, GrowthWatch
 from hora.job.metrics import MetricsLog
 from hora.job.stacks import StackRequest, take_request
 from hora.timeline import DriverTimeline
@@ -28,10 +30,13 @@ from hora.wire.protocol import (
     Error,
     Exited,
     Hello,
+    HostsUpdated,
     Metrics,
     Output,
     Payload,
+    Resized,
     Result,
+    Resumed,
     Stacks,
     Stall,
     TimelineBatch,
@@ -93,6 +98,7 @@ class Monitor:
         log_callback_only: bool = False,
         output_files: OutputFiles | None = None,
         metrics: MetricsLog | None = None,
+        growth: GrowthWatch | None = None,
     ):
         self.group = group
         self.np = np
@@ -116,6 +122,8 @@ class Monitor:
         self.asked_by_user: StackRequest | None = None  # printed once answered, the run goes on
         self.last_heard: dict[int, float] = {}  # rank -> time.monotonic() of its last message
         self.silence_s = silence_seconds()
+        self.growth = growth  # an elastic attempt that may grow: asks the ranks when it can
+        self.resized: dict[int, int] = {}  # rank -> the commit it stopped at, to grow
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
@@ -137,13 +145,19 @@ class Monitor:
 
     def _finished_attempt(self, now: float) -> bool:
         """Every rank returned (and exited, or had its grace to): True. A failure raises its
-        story once the settle time and any question to the ranks are over."""
+        story once the settle time and any question to the ranks are over; every rank stopped
+        at the same commit to grow raises AttemptResized. An elastic attempt that may grow asks
+        its ranks to stop at their next commit once the cluster has room."""
         if self.failures:
             first = min(f.time for f in self.failures.values())
             if time.time() - first >= SETTLE_SECONDS and self._stacks_in(now):
                 raise self.failure_error()
             return False
+        if len(self.resized) == self.np:
+            raise AttemptResized(max(self.resized.values()))
         if len(self.results) < self.np:
+            if self.growth is not None and len(self.started) == self.np and self.growth.due(now):
+                self._send_all(HostsUpdated())
             return False
         self._all_done_at = self._all_done_at or now
         return len(self.exits) == self.np or now - self._all_done_at > EXIT_GRACE_SECONDS
@@ -205,6 +219,13 @@ class Monitor:
                 self._stall(text, missing, stopping)
             case Metrics(rank=rank, step=step, values=values):
                 self.metrics.receive(rank, step, values)
+            case Resized(rank=rank, commit=commit):
+                self.resized[rank] = commit
+            case Resumed(commit=commit, size=size):
+                made = f"{size} rank{'s' if size != 1 else ''}"
+                said = f"the ranks resumed from commit {commit} (made by {made})"
+                print(f"hora: {said}", file=sys.stderr, flush=True)
+                self.timeline.mark("resumed", {"commit": commit, "made_by": size})
             case Stacks(rank=rank, text=text):
                 for request in (self.dump, self.asked_by_user):
                     if request is not None:
@@ -259,7 +280,18 @@ class Monitor:
             )
 
     def _finished(self, rank: int) -> bool:
-        return rank in self.results or rank in self.exits or rank in self.closed
+        return (
+            rank in self.results
+            or rank in self.exits
+            or rank in self.closed
+            or rank in self.resized
+        )
+
+    def _send_all(self, message: HostsUpdated) -> None:
+        for rank, conn in self.connections.items():
+            if rank not in self.closed:
+                with contextlib.suppress(OSError):
+                    conn.send(message)
 
     # -- where each rank is -----------------------------------------------------------------
     def _ask_where(self, why: str) -> StackRequest:
@@ -310,7 +342,11 @@ class Monitor:
             return
         if code != 0:
             self.failures[rank] = Failure(rank, describe_exit(code), "", False, time.time())
-        elif rank not in self.results and (rank in self.closed or rank not in self.started):
+        elif (
+            rank not in self.results
+            and rank not in self.resized
+            and (rank in self.closed or rank not in self.started)
+        ):
             # A result still in flight on the channel arrives before the channel's close, so a
             # clean exit without a result is judged only once the channel has drained.
             self.failures[rank] = Failure(

@@ -62,7 +62,16 @@ class DeepspeedTorchDistributor(TorchDistributor):
         deepspeedConfig: ConfigSource = None,
         *,
         max_restarts: int = 0,
+        min_np: int | None = None,
+        max_np: int | None = None,
     ):
+        if min_np is not None or max_np is not None:
+            raise ValueError(
+                "DeepspeedTorchDistributor cannot run an elastic job (min_np/max_np): a ZeRO "
+                "checkpoint loads only at the world size that saved it (DeepSpeed's universal "
+                "checkpoint is an offline conversion). Use max_restarts, or TorchDistributor "
+                "with hvd.elastic and FSDP2 (docs/elastic.md)"
+            )
         processes = positive_int("numGpus", numGpus) * positive_int("nnodes", nnodes)
         super().__init__(processes, localMode, useGpu, max_restarts=max_restarts)
         self.deepspeed_config = deepspeedConfig

@@ -38,7 +38,8 @@ class TorchDistributor:
     Spark GPU resources (this machine's GPUs without a SparkSession), the first `num_processes`
     of them (fewer ranks, with a warning, when there are fewer). `max_restarts` (hora only,
     keyword): restart every rank up to that many times when one fails or a task is lost, which
-    pyspark's TorchDistributor never does.
+    pyspark's TorchDistributor never does. `min_np`/`max_np` (hora only, keywords): an elastic
+    run (see hora.Runner), for functions that use `hvd.elastic`.
     """
 
     #: the Spark setting that lets this door train unencrypted on a TLS cluster (pyspark's)
@@ -51,7 +52,9 @@ class TorchDistributor:
         local_mode: bool = True,
         use_gpu: bool = True,
         *,
-        max_restarts: int = 0,
+        max_restarts: int | None = None,
+        min_np: int | None = None,
+        max_np: int | None = None,
     ):
         self.num_processes = positive_int("num_processes", num_processes)
         self.local_mode = bool(local_mode)
@@ -62,8 +65,10 @@ class TorchDistributor:
         if not self.local_mode:
             _require_spark_session(type(self).__name__, self._LOCAL_MODE)
         self.num_tasks = self._tasks()
-        RunConfig(np=self.num_processes, max_restarts=max_restarts)  # a bad value fails here
+        # A bad value fails here, before any run.
+        RunConfig(np=self.num_processes, max_restarts=max_restarts, min_np=min_np, max_np=max_np)
         self.max_restarts = max_restarts
+        self.min_np, self.max_np = min_np, max_np
 
     def _tasks(self) -> int:
         """How many Spark tasks (pyspark's `_get_num_tasks`): the GPUs this run needs must be
@@ -130,6 +135,8 @@ class TorchDistributor:
             use_gpu=None if self.local_mode else self.use_gpu,
             collect_all=False,
             engine_options=options,
+            min_np=self.min_np,
+            max_np=self.max_np,
         )
 
 

@@ -57,7 +57,15 @@ class MirroredStrategyRunner:
         use_gpu: bool = True,
         gpu_resource_name: str = "gpu",
         use_custom_strategy: bool = False,
+        min_np: int | None = None,
+        max_np: int | None = None,
     ) -> None:
+        if min_np is not None or max_np is not None:
+            raise ValueError(
+                "MirroredStrategyRunner cannot run an elastic job (min_np/max_np): "
+                "MultiWorkerMirroredStrategy's TF_CONFIG names every worker for the whole run. "
+                "Use HorovodRunner with hora.tensorflow.keras.elastic (docs/elastic.md)"
+            )
         if not isinstance(num_slots, int) or num_slots <= 0:
             raise ValueError(
                 f"num_slots is set to {num_slots!r} but cannot be less than or equal to 0."

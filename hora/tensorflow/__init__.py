@@ -66,6 +66,8 @@ from hora.tensorflow.sync_batch_norm import SyncBatchNormalization as SyncBatchN
 from hora.timeline import start_timeline as start_timeline
 from hora.timeline import stop_timeline as stop_timeline
 
+from hora.tensorflow import elastic as elastic  # isort: skip -- uses the names above
+
 __all__ = [
     "Adasum",
     "Average",
@@ -94,6 +96,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",

@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from hora.wire.channel import Connection
-from hora.wire.protocol import Metrics, Output, Stall, TimelineBatch
+from hora.wire.protocol import Metrics, Output, Resumed, Stall, TimelineBatch
 
 
 class DriverLink:
@@ -32,13 +33,35 @@ class DriverLink:
         #: result is sent: the timeline ships its last events here.
         self.before_detach: list[Callable[[], None]] = []
         self.steps_reported = 0  # `report`'s own step count, for calls that give none
+        #: set when the driver says that an elastic run has more slots (HostsUpdated)
+        self.hosts_updated = threading.Event()
 
-    def send(self, message: Output | Stall | TimelineBatch | Metrics) -> None:
+    def send(self, message: Output | Stall | TimelineBatch | Metrics | Resumed) -> None:
         """Send one message; may raise OSError when the driver is gone."""
         self.conn.send(message)
 
 
 _current: DriverLink | None = None
+
+
+class ResizeExit(BaseException):
+    """Ends a rank of an elastic run cleanly at commit `commit`, so that the driver starts the
+    run again at another size (raised by hvd.elastic's run; the bootstrap reports it)."""
+
+    def __init__(self, commit: int):
+        super().__init__(commit)
+        self.commit = commit
+
+
+def note_hosts_updated() -> None:
+    """The driver said more slots are free (the bootstrap's channel thread calls this)."""
+    if _current is not None:
+        _current.hosts_updated.set()
+
+
+def hosts_updated() -> bool:
+    """Whether the driver has said, in this rank, that the elastic run can grow."""
+    return _current is not None and _current.hosts_updated.is_set()
 
 
 def current() -> DriverLink | None:
@@ -117,7 +140,7 @@ def _checked(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def send_to_driver(message: Stall) -> bool:
+def send_to_driver(message: Stall | Resumed) -> bool:
     """Send one of hora's own messages (not the user's output) to the driver; False outside a
     hora worker. May raise OSError when the driver is gone."""
     link = _current

@@ -10,8 +10,8 @@ Who sends what:
 
 - launcher -> worker process (one JSON line on its stdin): Boot
 - worker -> driver (the job's channel): Hello, Heartbeat, Output, Result, Error, TimelineBatch,
-  Stall, Stacks, Metrics
-- driver -> worker: Payload, DumpStacks
+  Stall, Stacks, Metrics, Resized, Resumed
+- driver -> worker: Payload, DumpStacks, HostsUpdated
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
 - rank supervisor (a Spark task, a Ray actor) <-> its launcher: TaskReady, Output, Exited /
   Go, Refuse, Stop
@@ -132,6 +132,23 @@ class Stacks(NamedTuple):
     text: str
 
 
+class Resized(NamedTuple):
+    """The rank stopped at commit `commit` of an elastic run because the driver asked
+    (HostsUpdated): a clean end, after which the run starts again at a new size from there."""
+
+    rank: int
+    commit: int
+
+
+class Resumed(NamedTuple):
+    """Rank 0 of an elastic run restored the freshest commit: its index, and how many ranks
+    made it."""
+
+    rank: int
+    commit: int
+    size: int
+
+
 # -- driver -> worker ---------------------------------------------------------------------------
 
 
@@ -144,6 +161,11 @@ class Payload(NamedTuple):
 
 class DumpStacks(NamedTuple):
     """Say where you are (a `Stacks` reply): the run timed out, stalled, or a user asked."""
+
+
+class HostsUpdated(NamedTuple):
+    """More slots are free for this elastic run: stop at the next commit (Horovod's
+    HostsUpdatedInterrupt), so that the run grows."""
 
 
 # -- launcher -> driver -------------------------------------------------------------------------
@@ -236,6 +258,8 @@ DriverMessage = (
     | Stall
     | Stacks
     | Metrics
+    | Resized
+    | Resumed
     | Exited
     | EngineFailed
 )
@@ -243,7 +267,8 @@ DriverMessage = (
 #: the only classes a job channel's frame may name (hora.wire.channel's allow-list)
 ALLOWED = allowed_classes(
     *(Hello, Heartbeat, Output, Result, Error, TimelineBatch, Stall, Stacks, Metrics),  # worker
-    *(Payload, DumpStacks),  # driver -> worker
+    *(Resized, Resumed),  # worker -> driver, elastic runs
+    *(Payload, DumpStacks, HostsUpdated),  # driver -> worker
     *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
 )
 

@@ -82,27 +82,47 @@ def spark_cluster() -> Iterator[Cluster]:
     pytest.importorskip("pyspark", reason="pyspark is not installed")
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         pytest.skip("Java is not installed: Spark cannot start")
-    from tests.spark.conftest import start_spark, stop_spark
+    from tests.spark.conftest import stop_spark
 
     cluster = start_cluster(spark=True, ray=False)
     session = None
     try:
         with timed("start SparkSession, every executor registered"):
-            session = start_spark(
-                cluster.spark_master,
-                **{
-                    "spark.driver.host": cluster.driver_address,
-                    "spark.driver.bindAddress": cluster.driver_address,
-                    "spark.executor.memory": "512m",
-                    "spark.executor.cores": str(CORES),
-                },
-            )
-            wait_for_spark_executors(session.sparkContext, HOSTS)
+            session = spark_session_on(cluster)
         yield cluster
     finally:
         if session is not None:
             stop_spark(session)
         stop_cluster(cluster)
+
+
+def spark_session_on(cluster: Cluster) -> Any:
+    """A SparkSession on the cluster's master, this process its driver on the bridge address;
+    returns once every host's executor has registered."""
+    from tests.spark.conftest import start_spark
+
+    session = start_spark(
+        cluster.spark_master,
+        **{
+            "spark.driver.host": cluster.driver_address,
+            "spark.driver.bindAddress": cluster.driver_address,
+            "spark.executor.memory": "512m",
+            "spark.executor.cores": str(CORES),
+        },
+    )
+    wait_for_spark_executors(session.sparkContext, HOSTS)
+    return session
+
+
+def connect_ray(cluster: Cluster) -> None:
+    """This process connected to the cluster's Ray head; returns once every host's CPUs are
+    free."""
+    import ray
+
+    ray.init(
+        address=cluster.ray_address, _node_ip_address=cluster.driver_address, log_to_driver=False
+    )
+    wait_for_ray_cpus(HOSTS * CORES)
 
 
 def wait_for_spark_executors(sc: Any, count: int, seconds: float = WAIT_SECONDS) -> None:
@@ -156,12 +176,7 @@ def ray_cluster() -> Iterator[Cluster]:
     cluster = start_cluster(spark=False, ray=True)
     try:
         with timed("connect to Ray, every node alive"):
-            ray.init(
-                address=cluster.ray_address,
-                _node_ip_address=cluster.driver_address,
-                log_to_driver=False,
-            )
-            wait_for_ray_cpus(HOSTS * CORES)
+            connect_ray(cluster)
         yield cluster
     finally:
         ray.shutdown()

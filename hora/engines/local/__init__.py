@@ -7,5 +7,6 @@ ENGINE = Engine(
     is_active=lambda: True,
     launcher="hora.engines.local.launcher:LocalLauncher",
     on_this_host=True,
+    capacity="hora.engines.local.launcher:capacity",
     summary="processes on this machine (the default)",
 )

@@ -18,6 +18,11 @@ LOOPBACK = "127.0.0.1"
 STOP_GRACE_SECONDS = 3.0
 
 
+def capacity(config: RunConfig, held: int) -> int:
+    """This machine can always start more processes: an elastic run gets max_np ranks."""
+    return config.most_ranks
+
+
 class LocalLauncher(Launcher):
     channel_host = LOOPBACK
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 import uuid
@@ -57,10 +58,7 @@ class RayLauncher(Launcher):
     def __init__(self, config: RunConfig, restart: bool = False):
         ray = _ray()
         options = config.engine_options
-        self.cpus = float(options["num_cpus_per_rank"])
-        self.gpus = float(options["num_gpus_per_rank"])
-        if config.use_gpu and self.gpus == 0:
-            self.gpus = 1.0
+        self.cpus, self.gpus = _bundle(config)
         self.use_gpu = self.gpus > 0 if config.use_gpu is None else bool(config.use_gpu)
         self.strategy = options["placement_strategy"]
         self._np = config.np
@@ -180,6 +178,48 @@ class RayLauncher(Launcher):
         _wait_gone(ray, self._actors)
         self._actors, self._runs, self._group, self._thread = [], {}, None, None
         self._store = None
+
+
+def _bundle(config: RunConfig) -> tuple[float, float]:
+    """The CPUs and GPUs each rank's bundle reserves."""
+    options = config.engine_options
+    cpus, gpus = float(options["num_cpus_per_rank"]), float(options["num_gpus_per_rank"])
+    return cpus, 1.0 if config.use_gpu and gpus == 0 else gpus
+
+
+def capacity(config: RunConfig, held: int) -> int:
+    """How many ranks' bundles fit now: the `held` ones this job's placement group reserves,
+    and as many more as the free resources of the live nodes hold. A node whose raylet no
+    longer answers is not counted, though Ray declares it dead only after its health checks
+    fail (seconds later): a lost host must not be counted by the attempt that replaces it."""
+    ray = _ray()
+    from ray._private.state import available_resources_per_node
+
+    cpus, gpus = _bundle(config)
+    free = available_resources_per_node()
+    fits = 0
+    for node in ray.nodes():
+        if not node.get("Alive") or not _answers(node):
+            continue
+        have = free.get(node["NodeID"], {})
+        fits += min(
+            int(have.get(name, 0) / each + 1e-9)
+            for name, each in (("CPU", cpus), ("GPU", gpus))
+            if each
+        )
+    return held + fits
+
+
+def _answers(node: dict[str, Any]) -> bool:
+    """Whether the node's raylet accepts a connection (a killed one refuses at once)."""
+    host, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
+    if not host or not port:
+        return False
+    try:
+        socket.create_connection((str(host), int(port)), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
 
 
 def _wait_gone(ray: Any, actors: list[Any]) -> None:

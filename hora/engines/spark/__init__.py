@@ -25,6 +25,7 @@ ENGINE = Engine(
     options=OPTIONS,
     check_options=check_options,
     cli_session="hora.engines.spark.session:cli_session",
+    capacity="hora.engines.spark.engine:capacity",
     summary="one barrier stage on a SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS, "
     "or a Spark Connect session with --remote / SPARK_REMOTE)",
 )

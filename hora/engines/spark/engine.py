@@ -63,6 +63,21 @@ if TYPE_CHECKING:
 CANCEL_WAIT_SECONDS = 5.0
 
 
+def capacity(config: RunConfig, held: int) -> int:
+    """The task slots of the live executors (Spark's own count, busy slots included, so `held`
+    is in it already): how many ranks a barrier stage could have now."""
+    session = active_session()
+    if session is None:
+        return 0
+    if session.kind == "connect":
+        raise ValueError(
+            "an elastic run (min_np/max_np) sizes itself by the cluster's free task slots, which "
+            "a Spark Connect client cannot count; run it from a classic SparkSession, or use "
+            "max_restarts"
+        )
+    return _spark_checks.concurrent_slots(session, config.engine_options["gpu_resource"]) or 0
+
+
 class SparkLauncher(Launcher):
     """Starts `config.np` ranks as one barrier stage; checks the cluster first."""
 

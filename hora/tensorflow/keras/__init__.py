@@ -59,6 +59,8 @@ from hora.tensorflow.keras._optimizer import default_options, make_distributed
 from hora.timeline import start_timeline as start_timeline
 from hora.timeline import stop_timeline as stop_timeline
 
+from hora.tensorflow.keras import elastic as elastic  # isort: skip -- uses the names above
+
 __all__ = [
     "Adasum",
     "Average",
@@ -83,6 +85,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",

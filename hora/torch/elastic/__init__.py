@@ -1,19 +1,27 @@
-"""`hvd.elastic`: keep training through a failed collective by rolling back to the last commit.
+"""`hvd.elastic`: training that survives failed collectives, lost hosts and resizes.
 
-What hora can and cannot recover: the world is fixed (hora's launchers do not add, remove or
-respawn workers). `run` therefore recovers from errors that every live rank sees as a
-`HorovodInternalError` while all processes survive (a mismatched or timed-out collective, a torn
-connection): state goes back to its last `commit()`, the process group is rebuilt with
-`shutdown()` + `init()`, state is re-broadcast from rank 0 and the function is retried. A worker
-that died stays dead, and its in-memory state with it: the launcher fails the attempt, and with
-`max_restarts` starts the whole group again, which then resumes from the last checkpoint on disk
-(`hora.checkpoint`).
+A collective that fails while every process lives (`HorovodInternalError`) is healed in place:
+state goes back to its last `commit()`, `shutdown()` + `init()`, re-sync, and the function is
+called again. Under a hora run every commit is also kept on each host, outside the ranks, so a
+lost process or host costs only the steps since the last commit: the driver starts the ranks
+again (an elastic run, `min_np`/`max_np`, with as many as the cluster can run now) and they
+resume from the freshest commit found on any of their hosts. When slots return, every rank
+stops at the same commit (`HostsUpdatedInterrupt`) and the run restarts larger from it.
+See `hora.collectives.elastic`.
 """
 
+from hora.collectives.elastic import HostsUpdatedInterrupt as HostsUpdatedInterrupt
 from hora.torch.elastic._retry import run as run
 from hora.torch.elastic.sampler import ElasticSampler as ElasticSampler
 from hora.torch.elastic.state import ObjectState as ObjectState
 from hora.torch.elastic.state import State as State
 from hora.torch.elastic.state import TorchState as TorchState
 
-__all__ = ["ElasticSampler", "ObjectState", "State", "TorchState", "run"]
+__all__ = [
+    "ElasticSampler",
+    "HostsUpdatedInterrupt",
+    "ObjectState",
+    "State",
+    "TorchState",
+    "run",
+]

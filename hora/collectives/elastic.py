@@ -1,0 +1,275 @@
+"""What Horovod's elastic API stands on, for every framework (`horovod.common.elastic`).
+
+`State` is the commit protocol: `commit()` keeps the state in memory, and under a hora run also
+in the host's commit store (`hora.checkpoint`), which outlives the ranks; at every commit of an
+elastic run rank 0 tells the others whether the driver has said that more slots are free (one
+small broadcast), so that every rank raises `HostsUpdatedInterrupt` at the same commit. `run`
+is Horovod's retry loop: a collective that fails while every process lives
+(`HorovodInternalError`) is healed in place (restore, `shutdown()` + `init()`, sync); a rank of
+a new attempt (after a lost host, or to grow) starts by restoring the freshest commit found on
+any rank's host; a `HostsUpdatedInterrupt` ends the rank cleanly at its commit, and the driver
+starts the run again at the new size.
+
+Framework states (`hora.torch.elastic.TorchState`, `hora.tensorflow.elastic`) say how to save,
+restore and sync their objects; `ObjectState` keeps plain values.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import Any, NoReturn, TypeVar
+
+import torch
+
+from hora import environment
+from hora.checkpoint import Commit, CommitStore, remove_stale_commits
+from hora.collectives._basics import init, local_rank, rank, shutdown, size
+from hora.collectives._common import HorovodInternalError
+from hora.collectives.objects import allgather_object, broadcast_object
+from hora.collectives.ops import broadcast_
+from hora.wire import link
+from hora.wire.protocol import Resumed
+
+__all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "run"]
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+#: how many in-place resets `run` allows before it re-raises (Horovod's --reset-limit)
+RESET_LIMIT_ENV = "HORA_ELASTIC_RESET_LIMIT"
+DEFAULT_RESET_LIMIT = 10
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Raised by `commit()` on every rank when the elastic run's hosts changed (Horovod's).
+
+    Under hora, `run` turns it into a clean end of the rank: the run restarts at the new size
+    from this commit. `skip_sync` is Horovod's (hosts were only added: no need to sync).
+    """
+
+    def __init__(self, skip_sync: bool = False):
+        super().__init__("the elastic run's hosts changed")
+        self.skip_sync = skip_sync
+
+
+class Commits:
+    """A state's commits: their index, this host's store, the freshest one anywhere."""
+
+    def __init__(self) -> None:
+        here = environment.current()
+        self.index = 0  # commits made (or restored) so far in this run
+        self.store = CommitStore(here.run_id) if here.run_id else None
+        self.elastic = here.elastic
+        self.resuming = here.attempt > 0  # only a later attempt finds commits of earlier ones
+
+    def write(self, state: Any) -> None:
+        """The next commit: into this host's store, by its local rank 0 (all hold the same)."""
+        self.index += 1
+        if self.store is not None and local_rank() == 0:
+            self.store.write(Commit(self.index, size(), state))
+
+    def freshest(self) -> Commit | None:
+        """The freshest commit on any rank's host, the same on every rank; None when there is
+        none (a first attempt, or a run outside hora)."""
+        if self.store is None or not self.resuming:
+            return None
+        mine = None
+        if local_rank() == 0:
+            remove_stale_commits()
+            mine = self.store.read()
+        indexes = allgather_object(mine.number if mine else -1, name="elastic.freshest")
+        best = max(indexes)
+        if best < 0:
+            return None
+        holder = indexes.index(best)  # the lowest rank holding it
+        commit = broadcast_object(mine if rank() == holder else None, holder, "elastic.restore")
+        self.index = commit.number
+        return commit
+
+    def hosts_updated(self) -> bool:
+        """Rank 0's word, on every rank, on whether the driver asked the run to grow."""
+        if not self.elastic:
+            return False
+        flag = torch.tensor([1 if link.hosts_updated() else 0], dtype=torch.int32)
+        broadcast_(flag, 0, "elastic.hosts_updated")
+        return bool(flag.item())
+
+    def finish(self) -> None:
+        """The run's function returned: its commits on this host are no longer needed."""
+        if self.store is not None and local_rank() == 0:
+            self.store.remove()
+
+
+class State:
+    """Base: reset callbacks and the commit protocol; subclasses say how to save and sync."""
+
+    def __init__(self) -> None:
+        self._reset_callbacks: list[Callable[..., None]] = []
+        self._commits = Commits()
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[..., None]]) -> None:
+        """Run `callbacks` after each reset: in place after a failed collective, and when a
+        new attempt of another size resumes. A callback that takes an argument is given the
+        new world size (e.g. to rescale the learning rate); Horovod's take none."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        self.reset()
+        for callback in self._reset_callbacks:
+            if _takes_an_argument(callback):
+                callback(size())
+            else:
+                callback()
+
+    def commit(self) -> None:
+        """Save the state: in memory (a failed collective rolls back to here) and, under hora,
+        on this host (a new attempt resumes from here); then check for host updates."""
+        self.save()
+        self._commits.write(self.committed())
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise HostsUpdatedInterrupt (on every rank alike) when the driver asked to grow."""
+        if self._commits.hosts_updated():
+            raise HostsUpdatedInterrupt(skip_sync=False)
+
+    @property
+    def commit_index(self) -> int:
+        """How many commits the run has made, those of earlier attempts included."""
+        return self._commits.index
+
+    def restore_freshest(self) -> Commit | None:
+        """Load the freshest commit of any rank's host into this state (on every rank), or
+        return None when there is none."""
+        commit = self._commits.freshest()
+        if commit is not None:
+            self.load_committed(commit.state)
+        return commit
+
+    def save(self) -> None:
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def committed(self) -> Any:
+        """The last saved state, as the commit store keeps it (plain values and tensors)."""
+        raise NotImplementedError
+
+    def load_committed(self, state: Any) -> None:
+        """Make `state` (a `committed()` of some rank) the saved state, and restore it."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Hook for subclasses, called after re-initialisation."""
+
+
+def _takes_an_argument(callback: Callable[..., None]) -> bool:
+    try:
+        inspect.signature(callback).bind(0)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+class ObjectState(State):
+    """Plain attributes (epoch, batch, ...) kept in sync with `broadcast_object`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._saved_state = kwargs
+        self._set_attrs()
+        super().__init__()
+
+    def save(self) -> None:
+        self._saved_state = {attr: copy.deepcopy(getattr(self, attr)) for attr in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = broadcast_object(
+                self._saved_state, root_rank=0, name="elastic.ObjectState"
+            )
+            self._set_attrs()
+
+    def committed(self) -> Any:
+        return {"values": self._saved_state}
+
+    def load_committed(self, state: Any) -> None:
+        self._saved_state = dict(state["values"])
+        self.restore()
+
+    def _set_attrs(self) -> None:
+        for attr, value in self._saved_state.items():
+            setattr(self, attr, copy.deepcopy(value))
+
+
+def run(func: Callable[..., R], reset: Callable[[], None] | None = None) -> Callable[..., R]:
+    """Decorate `func(state, *args, **kwargs)` to survive failures and resizes from `state`'s
+    commits (Horovod's `run_fn`).
+
+    A new attempt of a hora run first restores the freshest commit of any rank's host (else
+    every rank takes rank 0's state); when that commit was made by another number of ranks,
+    the reset callbacks run. On `HorovodInternalError` the state is restored, the framework is
+    reset (`shutdown()` + `init()`), the reset callbacks run and `func` is called again, up to
+    `HORA_ELASTIC_RESET_LIMIT` (default 10) times. On `HostsUpdatedInterrupt` the rank ends
+    cleanly at its commit and the driver starts the run at the new size.
+    """
+    reset = reset or _reinit
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> R:
+        limit = int(os.environ.get(RESET_LIMIT_ENV, DEFAULT_RESET_LIMIT))
+        resets = 0
+        _resume(state)
+        while True:
+            try:
+                result = func(state, *args, **kwargs)
+            except HorovodInternalError:
+                if resets >= limit:
+                    raise
+                log.warning("collective failed; restoring the last commit and re-initialising")
+                state.restore()
+            except HostsUpdatedInterrupt:
+                if link.current() is None:
+                    raise  # not a hora rank: nobody would start the larger run
+                _end_for_resize(state)
+            else:
+                state._commits.finish()
+                return result
+            resets += 1
+            reset()
+            state.on_reset()
+            state.sync()
+
+    return wrapper
+
+
+def _reinit() -> None:
+    shutdown()
+    init()
+
+
+def _resume(state: State) -> None:
+    """A rank's start: the freshest commit anywhere, else rank 0's state."""
+    commit = state.restore_freshest()
+    if commit is None:
+        state.sync()
+        return
+    if rank() == 0:
+        link.send_to_driver(Resumed(0, commit.number, commit.size))
+    if commit.size != size():
+        state.on_reset()
+
+
+def _end_for_resize(state: State) -> NoReturn:
+    raise link.ResizeExit(state.commit_index)

@@ -1,0 +1,83 @@
+"""`hvd.elastic` for TensorFlow and Keras 3 (Horovod's `horovod.tensorflow.elastic`).
+
+`TensorFlowKerasState(model, optimizer, **kwargs)` keeps a Keras model's weights and its
+optimizer's variables (as NumPy arrays) and plain values; `run` is the same retry loop as
+hora.torch's (`hora.collectives.elastic.run`): in-place recovery from a failed collective, and
+under a hora run commits kept on each host, the restore of the freshest one by a new attempt,
+and a clean end at a commit when the run grows. Keras' callbacks for it are in
+`hora.tensorflow.keras.elastic`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hora.collectives.elastic import HostsUpdatedInterrupt as HostsUpdatedInterrupt
+from hora.collectives.elastic import ObjectState as ObjectState
+from hora.collectives.elastic import State as State
+from hora.collectives.elastic import run as run
+from hora.tensorflow.functions import broadcast_variables
+
+__all__ = [
+    "HostsUpdatedInterrupt",
+    "ObjectState",
+    "State",
+    "TensorFlowKerasState",
+    "run",
+]
+
+
+class TensorFlowKerasState(ObjectState):
+    """A Keras model, its optimizer (default: the model's compiled one) and plain values.
+
+    `commit()` copies the weights and the optimizer's variables to NumPy (and, under hora, to
+    the host's commit store); `sync()` broadcasts rank 0's. An optimizer that has not stepped
+    yet is built before its variables are restored. `backend` is Horovod's and unused.
+    """
+
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any):
+        del backend
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        self._save_model()
+        super().__init__(**kwargs)
+
+    def _optimizer_variables(self) -> list[Any]:
+        return list(self.optimizer.variables) if self.optimizer is not None else []
+
+    def _save_model(self) -> None:
+        self._saved_model = [w.copy() for w in self.model.get_weights()]
+        self._saved_optimizer = [v.numpy().copy() for v in self._optimizer_variables()]
+
+    def save(self) -> None:
+        self._save_model()
+        super().save()
+
+    def restore(self) -> None:
+        self.model.set_weights(self._saved_model)
+        if self._saved_optimizer:
+            variables = self._optimizer_variables()
+            if len(variables) != len(self._saved_optimizer):
+                assert self.optimizer is not None  # it has saved variables
+                self.optimizer.build(self.model.trainable_variables)  # a fresh optimizer
+                variables = self._optimizer_variables()
+            for variable, value in zip(variables, self._saved_optimizer, strict=True):
+                variable.assign(value)
+        super().restore()
+
+    def sync(self) -> None:
+        broadcast_variables(self.model.variables, root_rank=0)
+        if self._optimizer_variables():
+            broadcast_variables(self._optimizer_variables(), root_rank=0)
+        super().sync()
+
+    def committed(self) -> Any:
+        return super().committed() | {
+            "model": self._saved_model,
+            "optimizer": self._saved_optimizer,
+        }
+
+    def load_committed(self, state: Any) -> None:
+        self._saved_model = list(state["model"])
+        self._saved_optimizer = list(state["optimizer"])
+        super().load_committed(state)

@@ -1,0 +1,255 @@
+"""What the ranks of the elastic tests run, and how a test reads back what they did.
+
+`train` is Horovod's elastic pattern: an MLP with DistributedOptimizer, an ElasticSampler over a
+fixed dataset, a TorchState committed every `commit_every` steps and at each epoch's end, all in
+`hvd.elastic.run`. With `fsdp`, a second copy of the MLP sharded with FSDP2 trains on the same
+batches in the same state (committed as a DCP checkpoint to a shared folder). Every rank logs
+each step (attempt, world size, epoch, the commit it follows, the sample indices) to the test's
+folder; `kept_steps` keeps the steps that the run's final model contains (a failed attempt's
+steps after the commit the next attempt resumed from were rolled back), and `reference` trains
+those steps in one process.
+
+The model is float64: the ranks' cross-host sum (gloo, shared memory) adds in another order than
+one process does, so the weights cannot be bitwise equal; in float64 they agree to ~1e-12.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+HOST_MARK = "kill-host"  # a rank wrote its host here: the test makes that host vanish
+SMALL_MARK = "small"  # an attempt below the full size made its first commit
+BACK_MARK = "back"  # the test brought the lost capacity back
+
+
+@dataclass(frozen=True)
+class Plan:
+    folder: str
+    full: int  # the world size the run grows back to (max_np)
+    epochs: int = 3
+    samples: int = 96
+    batch: int = 4
+    commit_every: int = 2
+    lr: float = 0.05
+    step_seconds: float = 0.05  # paces the steps, so that the driver's signals arrive mid-run
+    #: "self": the last rank SIGKILLs itself; "host": it writes its host to HOST_MARK and
+    #: waits for the test to kill the host; in attempt `fault_attempt`, in the step after the
+    #: attempt's `fault_commit`-th commit
+    fault: str | None = None
+    fault_attempt: int = 0
+    fault_commit: int = 1
+    #: below the full size, wait at the first commit until the test wrote BACK_MARK
+    wait_for_return: bool = False
+    fsdp: bool = False
+
+
+def dataset(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(samples, 6, generator=g, dtype=torch.float64)
+    return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+
+
+def _loss(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (net(x) - y).pow(2).mean()
+
+
+def _attempt() -> int:
+    return int(os.environ.get("HORA_RESTART_COUNT", "0"))
+
+
+def _shard(net: nn.Module, world: int) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(net, mesh=mesh)
+
+
+def train(plan: Plan) -> dict[str, Any]:
+    import hora.torch as hvd
+
+    hvd.init()
+    rank, world, attempt = hvd.rank(), hvd.size(), _attempt()
+    x, y = dataset(plan.samples)
+    net = model()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=plan.lr, momentum=0.9),
+        named_parameters=net.named_parameters(),
+    )
+    sampler = hvd.elastic.ElasticSampler(range(plan.samples), shuffle=True, seed=1)
+    extra: dict[str, Any] = {}
+    if plan.fsdp:
+        sharded = _shard(model(), world)
+        extra = {
+            "sharded": sharded,
+            "sharded_opt": torch.optim.SGD(sharded.parameters(), lr=plan.lr, momentum=0.9),
+            "checkpoint_dir": os.path.join(plan.folder, "dcp"),
+        }
+    state = hvd.elastic.TorchState(net, opt, sampler=sampler, epoch=0, **extra)
+    sizes: list[int] = []
+    state.register_reset_callbacks([sizes.append])
+    log_path = Path(plan.folder, f"log-{attempt}-{rank}.jsonl")
+
+    def log(entry: dict[str, Any]) -> None:
+        with log_path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    @hvd.elastic.run
+    def loop(state: hvd.elastic.TorchState) -> None:
+        start = state.commit_index
+        log({"start": start, "epoch": state.epoch, "reset_sizes": list(sizes)})
+        n = 0
+        waited = False
+        while state.epoch < plan.epochs:
+            indices = list(state.sampler)
+            for i in range(0, len(indices), plan.batch):
+                idx = indices[i : i + plan.batch]
+                state.optimizer.zero_grad()
+                _loss(state.model, x[idx], y[idx]).backward()
+                state.optimizer.step()
+                if plan.fsdp:
+                    state.sharded_opt.zero_grad()
+                    _loss(state.sharded, x[idx], y[idx]).backward()
+                    state.sharded_opt.step()
+                log(
+                    {
+                        "n": n,
+                        "world": world,
+                        "epoch": state.epoch,
+                        "commit": state.commit_index,
+                        "idx": idx,
+                    }
+                )
+                n += 1
+                state.sampler.record_batch(i // plan.batch, plan.batch)
+                _maybe_fault(plan, attempt, rank, world, state.commit_index - start)
+                time.sleep(plan.step_seconds)
+                if (i // plan.batch + 1) % plan.commit_every == 0:
+                    if plan.wait_for_return and world < plan.full and not waited:
+                        waited = _wait_for_return(plan.folder, rank)
+                    state.commit()
+            state.epoch += 1
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+
+    loop(state)
+    weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    result: dict[str, Any] = {"rank": rank, "world": world, "attempt": attempt, "weights": weights}
+    if plan.fsdp:
+        result["sharded"] = {
+            k: v.full_tensor().detach().clone() for k, v in state.sharded.state_dict().items()
+        }
+    result["host"] = socket.gethostname()
+    return result
+
+
+def _maybe_fault(plan: Plan, attempt: int, rank: int, world: int, commits: int) -> None:
+    if plan.fault is None or attempt != plan.fault_attempt or rank != world - 1:
+        return
+    if commits != plan.fault_commit:
+        return
+    if plan.fault == "self":
+        os.kill(os.getpid(), signal.SIGKILL)
+    Path(plan.folder, HOST_MARK).write_text(socket.gethostname())
+    time.sleep(3600)  # as a lost host: this rank trains no further
+
+
+def _wait_for_return(folder: str, rank: int) -> bool:
+    """Rank 0 says the run is small, and holds the next commit until the test has brought the
+    capacity back and the driver has said so (the other ranks wait in the commit's broadcast):
+    the run grows at that commit, however long the capacity took to return."""
+    from hora.wire import link
+
+    if rank == 0:
+        Path(folder, SMALL_MARK).touch()
+        while not (Path(folder, BACK_MARK).exists() and link.hosts_updated()):
+            time.sleep(0.1)
+    return True
+
+
+# ----- reading the logs back ------------------------------------------------------------------
+def read_logs(folder: str) -> dict[int, dict[int, list[dict[str, Any]]]]:
+    """attempt -> rank -> its log entries, in order."""
+    logs: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(dict)
+    for path in Path(folder).glob("log-*.jsonl"):
+        _, attempt, rank = path.stem.split("-")
+        entries = [json.loads(line) for line in path.read_text().splitlines()]
+        logs[int(attempt)][int(rank)] = entries
+    return dict(logs)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of the run as the model saw it: the world size and each rank's indices."""
+
+    attempt: int
+    epoch: int
+    world: int
+    batches: tuple[tuple[int, ...], ...]  # by rank
+
+
+def kept_steps(folder: str) -> tuple[list[Step], list[int], list[int]]:
+    """The steps the final model contains, in order; each attempt's world size; and the commit
+    each attempt started from."""
+    logs = read_logs(folder)
+    attempts = sorted(logs)
+    starts = [logs[a][0][0]["start"] for a in attempts]
+    worlds = []
+    kept: list[Step] = []
+    for position, a in enumerate(attempts):
+        ranks = logs[a]
+        world = len(ranks)
+        worlds.append(world)
+        resumed_at = starts[position + 1] if position + 1 < len(attempts) else None
+        steps = [[e for e in ranks[r] if "n" in e] for r in range(world)]
+        count = min(len(s) for s in steps)  # a killed rank may have logged one step fewer
+        for n in range(count):
+            entries = [steps[r][n] for r in range(world)]
+            if resumed_at is not None and entries[0]["commit"] >= resumed_at:
+                continue  # after the commit the next attempt resumed from: rolled back
+            assert {e["world"] for e in entries} == {world}
+            batches = tuple(tuple(e["idx"]) for e in entries)
+            kept.append(Step(a, entries[0]["epoch"], world, batches))
+    return kept, worlds, starts
+
+
+def samples_per_epoch(steps: list[Step]) -> dict[int, list[int]]:
+    """epoch -> every sample index trained in it, sorted (repeats kept)."""
+    seen: dict[int, list[int]] = defaultdict(list)
+    for step in steps:
+        for batch in step.batches:
+            seen[step.epoch].extend(batch)
+    return {epoch: sorted(indices) for epoch, indices in seen.items()}
+
+
+def reference(plan: Plan, steps: list[Step]) -> dict[str, torch.Tensor]:
+    """`steps` in one process: each on every rank's batch at once (the ranks' batches are the
+    same size, so the mean loss over all of them averages the ranks' gradients)."""
+    x, y = dataset(plan.samples)
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=plan.lr, momentum=0.9)
+    for step in steps:
+        idx = [i for batch in step.batches for i in batch]
+        opt.zero_grad()
+        _loss(net, x[idx], y[idx]).backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in net.state_dict().items()}

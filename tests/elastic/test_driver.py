@@ -1,0 +1,175 @@
+"""The elastic restart loop, read apart from processes: the driver driven by fake worker groups
+and a fake cluster count, as tests/job drives the fixed-size loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+
+import pytest
+
+from hora import engines
+from hora.config import ELASTIC_MAX_RESTARTS, RunConfig
+from hora.errors import WorkerFailedError
+from hora.job.driver import Attempt, Job
+from hora.job.elastic import GrowthWatch
+from hora.wire.protocol import Exited, Hello, HostsUpdated, Resized, Resumed, TimelineBatch
+from tests.job.test_restart_policy import FakeConnection, FakeGroup, hellos, sigkilled, succeeds
+
+
+def drive(scripts, capacity, **config):
+    """Run a Job of fake groups; returns (results, each group's (np, env))."""
+    groups: list[tuple[int, FakeGroup]] = []
+
+    def new_group(attempt: Attempt, env) -> FakeGroup:
+        group = FakeGroup(scripts[attempt.index](attempt.np), dict(env))
+        groups.append((attempt.np, group))
+        return group
+
+    job = Job(RunConfig(collect_all=True, **config), b"job", new_group, capacity=capacity)
+    try:
+        return job.run(), groups
+    finally:
+        assert all(g.stopped for _, g in groups)
+
+
+@pytest.fixture(autouse=True)
+def no_settle(monkeypatch):
+    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "0")
+
+
+def resized(np: int) -> list[object]:
+    return [*hellos(np), *(Resized(r, 7) for r in range(np)), *(Exited(r, 0) for r in range(np))]
+
+
+def test_a_failure_shrinks_to_what_the_cluster_can_run_and_says_why(capfd):
+    results, groups = drive(
+        [lambda np: sigkilled(1) + hellos(4)[2:], succeeds],
+        lambda held: 3,
+        np=4,
+        min_np=2,
+        max_np=4,
+    )
+    assert [np for np, _ in groups] == [4, 3]
+    assert results == ["value 0", "value 1", "value 2"]
+    run_ids = {g.env["HORA_RUN_ID"] for _, g in groups}
+    assert len(run_ids) == 1 and {g.env["HORA_ELASTIC"] for _, g in groups} == {"1"}
+    assert [g.env["HORA_MAX_RESTARTS"] for _, g in groups] == [str(ELASTIC_MAX_RESTARTS)] * 2
+    err = capfd.readouterr().err
+    assert (
+        "hora: resizing from 4 to 3 ranks (rank 1 failed: killed by signal 9 (SIGKILL)); "
+        "the ranks resume from their last commit"
+    ) in err, err
+    assert "hora: attempt 2 of 11 starting (3 ranks)" in err, err
+
+
+def test_never_more_than_max_np_and_below_min_np_it_waits_then_fails_with_the_story():
+    _, groups = drive([lambda np: sigkilled(1), succeeds], lambda held: 9, np=2, min_np=1, max_np=3)
+    assert [np for np, _ in groups] == [2, 3]
+    with pytest.raises(WorkerFailedError) as info:
+        drive([lambda np: sigkilled(1)], lambda held: 1, np=2, min_np=2, start_timeout=0.3)
+    text = str(info.value)
+    assert text.startswith(
+        "the cluster could run 1 of min_np=2 ranks for 0 s after attempt 1 "
+        "of 11 of 2 ranks ended (rank 1 failed: killed by signal 9"
+    ), text
+    assert "failed attempt 1: rank 1 failed: killed by signal 9 (SIGKILL)" in text
+
+
+def test_every_rank_stopping_at_a_commit_starts_a_larger_attempt(capfd):
+    results, groups = drive([resized, succeeds], lambda held: 4, np=2, min_np=2, max_np=4)
+    assert [np for np, _ in groups] == [2, 4]
+    assert len(results) == 4
+    err = capfd.readouterr().err
+    assert (
+        "hora: resizing from 2 to 4 ranks (free slots for 4 ranks; every rank stopped at commit 7)"
+    ) in err, err
+
+
+def test_resizes_spend_the_restart_budget():
+    with pytest.raises(WorkerFailedError, match="every attempt failed"):
+        drive([lambda np: sigkilled(0)] * 3, lambda held: 2, np=2, min_np=1, max_restarts=1)
+
+
+def test_the_growth_watch_asks_once_after_the_count_held_and_only_while_budget_is_left():
+    counts = iter([2, 3, 2, 3, 3, 3, 3])
+    watch = GrowthWatch(2, lambda held: next(counts), steady=2.0, poll=1.0)
+    due = [watch.due(t) for t in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)]
+    assert due == [False, False, False, False, False, True, False]
+    config = RunConfig(np=2, min_np=1, max_np=4, max_restarts=1)
+    job = Job(config, b"", lambda a, e: None, capacity=lambda held: 4)  # type: ignore[arg-type]
+    assert job._growth(Attempt(0, 2, 2)) is not None
+    assert job._growth(Attempt(1, 2, 2)) is None  # no attempt left to grow into
+    assert job._growth(Attempt(0, 2, 4)) is None  # already max_np
+
+
+class Growing(FakeGroup):
+    """Two ranks that stop at commit 3 once the driver has told each of them HostsUpdated."""
+
+    def start(self) -> None:
+        self.started = True
+        self.conns = [FakeConnection() for _ in range(2)]
+        for rank, conn in enumerate(self.conns):
+            self.events.put((conn, Hello(rank, 1000 + rank, "fakehost")))
+        threading.Thread(target=self._answer, daemon=True).start()
+
+    def _answer(self) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if all(HostsUpdated() in conn.sent for conn in self.conns):
+                for rank in range(2):
+                    self.events.put((None, Resized(rank, 3)))
+                return
+            time.sleep(0.02)
+
+
+def test_the_driver_asks_the_ranks_to_stop_at_their_next_commit_when_slots_return():
+    groups: list[FakeGroup] = []
+
+    def new_group(attempt: Attempt, env) -> FakeGroup:
+        group = Growing([], dict(env)) if attempt.index == 0 else FakeGroup(succeeds(4), {})
+        groups.append(group)
+        return group
+
+    config = RunConfig(np=2, min_np=2, max_np=4, collect_all=True)
+    results = Job(config, b"job", new_group, capacity=lambda held: 4).run()
+    assert len(results) == 4 and len(groups) == 2
+
+
+def test_an_engine_that_cannot_count_its_slots_refuses_an_elastic_run(monkeypatch):
+    real = engines.get
+    monkeypatch.setattr(engines, "get", lambda name: dataclasses.replace(real(name), capacity=None))
+    with pytest.raises(ValueError, match="the 'local' engine cannot count its free slots"):
+        RunConfig(np=2, max_np=3)
+    RunConfig(np=2)  # a fixed run needs no count
+
+
+def test_the_timeline_marks_each_resize_and_the_commit_resumed_from(tmp_path):
+    trace = tmp_path / "trace.json"
+    batch: list[object] = [TimelineBatch(0, str(trace), [])]
+    calls = []
+
+    def capacity(held: int) -> int:
+        calls.append(held)
+        return 3 if len(calls) == 1 else 4  # after the failure, then when growing
+
+    drive(
+        [
+            lambda np: batch + sigkilled(1) + hellos(4)[2:],
+            lambda np: [*batch, Resumed(0, 5, 4), *resized(np)],
+            lambda np: batch + succeeds(np),
+        ],
+        capacity,
+        np=4,
+        min_np=2,
+        max_np=4,
+    )
+    events = json.loads(trace.read_text())
+    marks = [(e["name"], e["args"]) for e in events if e.get("pid") == -1 and e["ph"] == "i"]
+    assert [name for name, _ in marks] == ["resize", "resumed", "resize"], marks
+    assert marks[0][1]["from"] == 4 and marks[0][1]["to"] == 3
+    assert "killed by signal 9" in marks[0][1]["why"]
+    assert marks[1][1] == {"commit": 5, "made_by": 4}
+    assert (marks[2][1]["from"], marks[2][1]["to"], marks[2][1]["commit"]) == (3, 4, 7)
