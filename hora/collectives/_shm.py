@@ -42,7 +42,7 @@ ALIGN_BYTES = 64  # shares start on cache lines: ranks writing neighbouring shar
 MAX_LAYOUTS = 64  # bucket layouts whose slot views are kept, per half
 MESH_TIMEOUT_S = 10.0  # for connecting: every rank is alive (they just met in a gloo collective)
 _RANK = struct.Struct("!I")
-_REDUCE = {
+_REDUCE: dict[int, Callable[..., torch.Tensor]] = {
     Sum: torch.add,
     Average: torch.add,
     Min: torch.minimum,
