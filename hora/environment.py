@@ -27,7 +27,8 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 # Set on the driver, they reach every rank even where workers do not inherit the driver's
 # environment (Spark executors): the timeline is asked for on the driver and written there; the
-# stall inspector's times are the job's too (its warnings are read on the driver).
+# stall inspector's times are the job's too (its warnings are read on the driver), and so are the
+# switches of the hierarchical data path (every rank must choose alike).
 DRIVER_VARS = (
     "HOROVOD_TIMELINE",
     "HORA_TIMELINE",
@@ -35,6 +36,8 @@ DRIVER_VARS = (
     "HOROVOD_STALL_CHECK_DISABLE",
     "HOROVOD_STALL_CHECK_TIME_SECONDS",
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+    "HOROVOD_HIERARCHICAL_ALLREDUCE",
+    "HOROVOD_HIERARCHICAL_ALLGATHER",
 )
 
 

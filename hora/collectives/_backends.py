@@ -1,7 +1,9 @@
 """The backends a bucket's data moves through, and which one serves a call.
 
-CPU allreduces of a set whose ranks share one host go through shared memory (`_shm`), gloo's
-loopback TCP otherwise. CUDA tensors go through NCCL when every rank of the set has a GPU of its
+CPU allreduces of a set whose ranks share one host go through shared memory (`_shm`); those of
+the global set of a job on several hosts, and its allgathers and broadcasts, through the
+hierarchical path (`_hierarchy`: shared memory within each host, gloo across), where it is set
+up; gloo's TCP otherwise. CUDA tensors go through NCCL when every rank of the set has a GPU of its
 own; where ranks share a GPU (NCCL refuses that) or NCCL is missing, they go through gloo by way
 of host copies ("staged"), as Horovod built without NCCL does.
 """
@@ -19,7 +21,7 @@ import torch.distributed as dist
 from hora.collectives._common import Average, Max, Min, Product, Sum
 from hora.collectives._dtypes import scale_
 from hora.collectives._fusion import FusionBuffer
-from hora.collectives._messages import ALLREDUCE
+from hora.collectives._messages import ALLGATHER, ALLREDUCE, BROADCAST
 from hora.timeline.hooks import begin_each, end_each
 
 REDUCE_OPS = {
@@ -47,6 +49,7 @@ class GroupInfo:
     nccl: Any = None
     nccl_usable: bool | None = None  # decided at the set's first CUDA collective
     local: Any = None  # a _shm.LocalReducer when every member is on this host
+    hierarchy: Any = None  # a _hierarchy.Hierarchy when the members span several hosts
     fusion: FusionBuffer = field(default_factory=FusionBuffer)
 
     @property
@@ -109,6 +112,30 @@ def shm_allreduce(names: list[str], run: Any, *args: Any) -> None:
     end_each(names, "SHM_ALLREDUCE")
 
 
+def hierarchical(names: list[str], kind: str, run: Any, *args: Any) -> None:
+    """`run(*args)`, an operation of the hierarchical path (`_hierarchy.Hierarchy`), timed and
+    counted (an allreduce's reduction within the host is a shared-memory one)."""
+    phase = f"HIERARCHICAL_{kind.upper()}"
+    begin_each(names, phase)
+    run(*args)
+    stats[f"{kind}_calls"] += 1
+    stats[f"hierarchical_{kind}_calls"] += 1
+    if kind == ALLREDUCE:
+        stats["shm_allreduce_calls"] += 1
+    end_each(names, phase)
+
+
+def reads_source(info: GroupInfo, device: str) -> bool:
+    """Whether `reduce_work` takes its input apart from its output (`src`): shared memory
+    reads it where it lies."""
+    hierarchy = info.hierarchy
+    return (
+        info.size > 1
+        and device == "cpu"
+        and (info.local is not None or (hierarchy is not None and hierarchy.allreduce_on))
+    )
+
+
 def reduce_work(
     names: list[str],
     work: torch.Tensor,
@@ -118,12 +145,43 @@ def reduce_work(
     scale: float = 1.0,
     src: torch.Tensor | None = None,
 ) -> None:
-    """Reduce one packed buffer across the set, then scale it: shared memory on one host, else
-    the backend. `src`, shared memory only: the input, when `work` is a fresh output."""
-    if info.size > 1 and device == "cpu" and info.local is not None:
-        shm_allreduce(names, info.local.allreduce, work if src is None else src, work, op, scale)
-        return
+    """Reduce one packed buffer across the set, then scale it: shared memory on one host, the
+    hierarchical path on several, else the backend. `src`, where `reads_source`: the input,
+    when `work` is a fresh output."""
+    if info.size > 1 and device == "cpu":
+        source = work if src is None else src
+        if info.local is not None:
+            shm_allreduce(names, info.local.allreduce, source, work, op, scale)
+            return
+        hierarchy = info.hierarchy
+        if hierarchy is not None and hierarchy.allreduce_on:
+            hierarchical(names, ALLREDUCE, hierarchy.allreduce, source, work, op, scale)
+            return
     assert src is None, "only shared memory reduces into a separate output"
     if info.size > 1:
         collective(names, ALLREDUCE, info, device, dist.all_reduce, work, op=REDUCE_OPS[op])
     scale_(work, scale)
+
+
+def gather_work(
+    names: list[str], recv: torch.Tensor, send: torch.Tensor, info: GroupInfo, device: str
+) -> None:
+    """`recv` = every member's `send` (bytes, equal counts), in set order: the hierarchical path
+    where it serves, else the backend."""
+    hierarchy = info.hierarchy
+    if device == "cpu" and hierarchy is not None and hierarchy.allgather_on:
+        hierarchical(names, ALLGATHER, hierarchy.allgather, recv, send)
+    else:
+        collective(names, ALLGATHER, info, device, all_gather_single, recv, send)
+
+
+def broadcast_work(
+    names: list[str], buf: torch.Tensor, root: int, info: GroupInfo, device: str
+) -> None:
+    """`buf` (bytes) = global rank `root`'s: the hierarchical path where it serves, else the
+    backend."""
+    hierarchy = info.hierarchy
+    if device == "cpu" and hierarchy is not None and hierarchy.allgather_on:
+        hierarchical(names, BROADCAST, hierarchy.broadcast, buf, root)
+    else:
+        collective(names, BROADCAST, info, device, dist.broadcast, buf, src=root)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hora import environment, timeline
-from hora.collectives import _channel, _shm, _state
+from hora.collectives import _channel, _hierarchy, _shm, _state
 from hora.collectives._backends import GroupInfo
 from hora.collectives._common import NOT_INITIALIZED
 from hora.collectives._engine import Engine, EngineConfig
@@ -118,7 +118,7 @@ def init(
     world = make_world(rank, size, wait)
     local_rank, local_size, cross_rank, cross_size = _placement(rank, size, world.gloo)
     groups: dict[int, GroupInfo] = {0: world}
-    engine = _start_engine(rank, size, local_size == size, groups, wait)
+    engine = _start_engine(rank, size, (cross_rank, local_rank, local_size), groups, wait)
     dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") in (
         "1",
         "true",
@@ -156,8 +156,15 @@ def make_world(rank: int, size: int, wait: timedelta) -> GroupInfo:
 
 
 def _start_engine(
-    rank: int, size: int, one_host: bool, groups: dict[int, GroupInfo], wait: timedelta
+    rank: int,
+    size: int,
+    local: tuple[int, int, int],
+    groups: dict[int, GroupInfo],
+    wait: timedelta,
 ) -> Engine:
+    """The engine thread, its negotiation star, and the world's data path beyond gloo: shared
+    memory on one host, the hierarchical path on several. `local`: this rank's (cross rank,
+    local rank, local size)."""
     world = groups[0]
     config = EngineConfig(
         rank=rank,
@@ -201,7 +208,10 @@ def _start_engine(
     else:
         sock = _channel.connect(address, rank, key, config.timeout_s)
         engine = Engine(config, groups, None, sock)
-    world.local = _shm.connect(rank, size, one_host, token, key, world.gloo, config.timeout_s)
+    if local[2] == size:  # one host
+        world.local = _shm.connect(rank, size, 0, token, key, world.gloo, config.timeout_s)
+    else:
+        world.hierarchy = _hierarchy.connect(rank, local, token, key, world.gloo, wait)
     return engine
 
 

@@ -75,6 +75,9 @@ def destroy_groups(info: GroupInfo) -> None:
     if info.local is not None:
         info.local.close()
         info.local = None
+    if info.hierarchy is not None:
+        info.hierarchy.close()
+        info.hierarchy = None
     for group in (info.gloo, info.nccl):
         if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
             with contextlib.suppress(Exception):

@@ -65,15 +65,18 @@ def whole_bytes(size: int) -> int:
     return min(SLOT_BYTES, WHOLE_BYTES // max(size - 1, 1))
 
 
-def piece_elements(itemsize: int, size: int) -> int:
+def piece_elements(itemsize: int, size: int, across: bool = False) -> int:
     """How much of each share goes through per step: PIECE_BYTES, or a grain for every
-    intra-op thread (this rank's torch threads), as long as every share's piece fits a slot."""
-    piece = max(PIECE_BYTES, torch.get_num_threads() * GRAIN * itemsize)
+    intra-op thread (this rank's torch threads), as long as every share's piece fits a slot.
+    `across`: each piece also crosses the network (`allreduce(between=)`), where a step costs
+    a round trip: as much as fits a slot."""
+    piece = SLOT_BYTES if across else max(PIECE_BYTES, torch.get_num_threads() * GRAIN * itemsize)
     return min(piece, SLOT_BYTES // size) // ALIGN_BYTES * ALIGN_BYTES // itemsize
 
 
 class LocalReducer:
-    """The shared segment and the barrier sockets of one set of same-host ranks.
+    """The shared segment and the barrier sockets of one set of same-host ranks (a host with
+    one rank has neither: every operation is then a copy at most).
 
     The segment holds one slot per rank in each of two halves, used by turns, one per step.
 
@@ -94,12 +97,15 @@ class LocalReducer:
     the same either way. A half may be reused two steps later: every access to it in step k is
     over before its rank reaches the barrier that ends step k + 1 (the copy out of step k runs
     in step k + 1), and the next writes come in step k + 2 (inputs before its barrier, results
-    after it) from ranks past that barrier.
+    after it) from ranks past that barrier. `allgather` and `broadcast` keep the same rule:
+    a step writes before its barrier and reads after it.
     """
 
-    def __init__(self, segment: mmap.mmap, index: int, size: int, peers: list[socket.socket]):
+    def __init__(
+        self, segment: mmap.mmap | None, index: int, size: int, peers: list[socket.socket]
+    ):
         self._segment = segment
-        self._bytes = torch.frombuffer(segment, dtype=torch.uint8)
+        self._bytes = torch.frombuffer(segment, dtype=torch.uint8) if segment is not None else None
         self._index = index
         self._size = size
         self._peers = peers  # one socket per other rank, in rank order
@@ -115,6 +121,7 @@ class LocalReducer:
         self._steps += 1
         slots = self._slots.get((half, dtype))
         if slots is None:
+            assert self._bytes is not None, "a host of one rank has no segment"
             first = half * self._size
             slots = self._slots[(half, dtype)] = [
                 self._bytes[k * SLOT_BYTES : (k + 1) * SLOT_BYTES].view(dtype)
@@ -135,7 +142,10 @@ class LocalReducer:
         """`out` = the operands reduced in rank order, then scaled (Average sums: the caller
         gives 1/size in `scale`)."""
         reduce = _REDUCE[op]
-        reduce(operands[0], operands[1], out=out)
+        if len(operands) == 1:
+            out.copy_(operands[0])  # a host of one rank
+        else:
+            reduce(operands[0], operands[1], out=out)
         for other in operands[2:]:
             reduce(out, other, out=out)
         scale_(out, scale)
@@ -153,12 +163,21 @@ class LocalReducer:
         this rank's share (`shares`) once it is reduced, before it is scaled and the others copy
         it: what a hierarchical allreduce would do there is reduce it across hosts."""
         src, dst = src.view(-1), dst.view(-1)
+        if self._size == 1:
+            self._reduce(dst, [src], op, 1.0 if between else scale)
+            if between is not None:
+                between(dst)
+                scale_(dst, scale)
+            return
         if src.nbytes <= whole_bytes(self._size) and not between:
             _, slots = self._half(src.dtype)
             slots[self._index][: src.numel()].copy_(src)
             self._reduce_whole(slots, dst, op, scale)
             return
-        piece = piece_elements(src.element_size(), self._size)
+        # Every rank fails alike, before any waits for another, where the op lacks the dtype
+        # (complex Max): in the steps only the rank of a share reduces it.
+        _REDUCE[op](src[:0], src[:0])
+        piece = piece_elements(src.element_size(), self._size, across=between is not None)
         # every share cut into pieces, all views made by one split: [share][step]
         lengths = [
             [min(piece, hi - at) for at in range(lo, hi, piece)]
@@ -174,16 +193,7 @@ class LocalReducer:
         copy_out: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
         for step in range(max(len(parts) for parts in src_parts)):
             pieces = self._pieces(src.dtype, piece)  # [rank][share]: where share k's piece lies
-            publish: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
-            gather: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
-            for k, parts in enumerate(src_parts):
-                if step < len(parts):  # a share may have a piece fewer than the others
-                    n = lengths[k][step]
-                    gather[0].append(dst_parts[k][step])
-                    gather[1].append(_first(pieces[k][k], n))
-                    if k != me:
-                        publish[0].append(_first(pieces[me][k], n))
-                        publish[1].append(parts[step])
+            publish, gather = _step_copies(src_parts, dst_parts, lengths, pieces, me, step)
             if publish[0]:
                 torch._foreach_copy_(*publish)
             self._barrier()
@@ -223,6 +233,42 @@ class LocalReducer:
         n = out.numel()
         self._reduce(out, [slot[:n] for slot in slots], op, scale)
 
+    def allgather(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """`dst` = every rank's `src` (flat bytes, the same count on every rank), in rank order,
+        in steps of a slot: each rank writes its part into its slot, and after the barrier
+        copies every slot out."""
+        n = src.numel()
+        if self._size == 1:
+            dst.copy_(src)
+            return
+        for at in range(0, n, SLOT_BYTES):
+            count = min(SLOT_BYTES, n - at)
+            _, slots = self._half(torch.uint8)
+            slots[self._index][:count].copy_(src[at : at + count])
+            self._barrier()
+            torch._foreach_copy_(
+                [dst[k * n + at : k * n + at + count] for k in range(self._size)],
+                [slot[:count] for slot in slots],
+            )
+
+    def broadcast(self, buf: torch.Tensor, root: int) -> None:
+        """`buf` (flat bytes) = the one of rank `root` (an index among this reducer's ranks), in
+        steps of a whole half of the segment: the root writes it, the others copy it out."""
+        if self._size == 1:
+            return
+        assert self._bytes is not None
+        span = self._size * SLOT_BYTES
+        for at in range(0, buf.numel(), span):
+            count = min(span, buf.numel() - at)
+            half = self._steps % 2
+            self._steps += 1
+            shared = self._bytes[half * span : half * span + count]
+            if self._index == root:
+                shared.copy_(buf[at : at + count])
+            self._barrier()
+            if self._index != root:
+                buf[at : at + count].copy_(shared)
+
     def fits(self, nbytes: int) -> bool:
         return nbytes <= SLOT_BYTES
 
@@ -248,9 +294,10 @@ class LocalReducer:
         self._slots.clear()
         self._piece_views.clear()
         self._views.clear()
-        self._bytes = None  # type: ignore[assignment]  # release the export before closing
-        with contextlib.suppress(BufferError):
-            self._segment.close()
+        self._bytes = None  # release the export before closing
+        if self._segment is not None:
+            with contextlib.suppress(BufferError):
+                self._segment.close()
 
 
 def _first(view: torch.Tensor, n: int) -> torch.Tensor:
@@ -267,8 +314,8 @@ def _regroup(parts: tuple[torch.Tensor, ...], lengths: list[list[int]]) -> list[
     return grouped
 
 
-def _socket_name(token: bytes, rank: int) -> str:
-    return f"\0hora-shm-{token.hex()}-{rank}"  # Linux abstract namespace: no file to clean up
+def _socket_name(token: bytes, host: int, index: int) -> str:
+    return f"\0hora-shm-{token.hex()}-{host}-{index}"  # Linux abstract namespace: no file
 
 
 def _map(path: str, nbytes: int) -> mmap.mmap:
@@ -280,21 +327,31 @@ def _map(path: str, nbytes: int) -> mmap.mmap:
 
 
 def connect(  # noqa: C901 - three all-rank agreements (file, mapping, mesh), each undoing the last
-    rank: int, size: int, one_host: bool, token: bytes, key: bytes, world: Any, timeout: float
+    index: int,
+    size: int,
+    host: int,
+    token: bytes,
+    key: bytes,
+    world: Any,
+    timeout: float,
 ) -> LocalReducer | None:
-    """Set up the reducer; every rank calls it, and all agree on a reducer or on None (gloo)."""
+    """Set up the reducer of this host's ranks (`index` of `size` on host number `host`).
+
+    Every rank of the world calls it, each host's ranks making their own segment, and all agree
+    on a reducer on every host or on None (gloo). A host of one rank needs no segment.
+    """
     nbytes = 2 * size * SLOT_BYTES
-    path = f"/dev/shm/hora-{token.hex()}"
+    path = f"/dev/shm/hora-{token.hex()}-{host}"
     listener: socket.socket | None = None
     segment: mmap.mmap | None = None
+    shared = size > 1
     ok = (
-        one_host
-        and os.environ.get("HORA_SHM", "1") != "0"
+        os.environ.get("HORA_SHM", "1") != "0"
         and hasattr(socket, "AF_UNIX")
         and hasattr(os, "posix_fallocate")
     )
     try:
-        if ok and rank == 0:
+        if ok and shared and index == 0:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 # Reserve the pages now: a small /dev/shm (a container's 64 MB) must fail here,
@@ -302,23 +359,23 @@ def connect(  # noqa: C901 - three all-rank agreements (file, mapping, mesh), ea
                 os.posix_fallocate(fd, 0, nbytes)
             finally:
                 os.close(fd)
-        if ok:
+        if ok and shared:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(_socket_name(token, rank))
+            listener.bind(_socket_name(token, host, index))
             listener.listen(size)
     except OSError:
         ok = False
-    flags: list[Any] = [None] * size
-    dist.all_gather_object(flags, ok, group=world)  # rank 0's file exists once this returns
+    flags: list[Any] = [None] * dist.get_world_size(world)
+    dist.all_gather_object(flags, ok, group=world)  # each host's file exists once this returns
     try:
-        if all(flags):
+        if all(flags) and shared:
             try:
                 segment = _map(path, nbytes)
             except OSError:
                 ok = False
         dist.all_gather_object(flags, ok, group=world)  # every rank has mapped it, or not
     finally:
-        if rank == 0:
+        if index == 0 and shared:
             with contextlib.suppress(OSError):
                 os.unlink(path)
     if not all(flags):
@@ -327,27 +384,35 @@ def connect(  # noqa: C901 - three all-rank agreements (file, mapping, mesh), ea
         if segment is not None:
             segment.close()
         return None
-    assert listener is not None and segment is not None
     peers: list[socket.socket] = []
-    try:
-        peers = _mesh(rank, size, token, key, listener, min(timeout, MESH_TIMEOUT_S))
-    except OSError:
-        ok = False  # e.g. ranks in separate network namespaces: the sockets can't meet
-    finally:
-        listener.close()
+    if shared:
+        assert listener is not None and segment is not None
+        try:
+            peers = _mesh(index, size, token, host, key, listener, min(timeout, MESH_TIMEOUT_S))
+        except OSError:
+            ok = False  # e.g. ranks in separate network namespaces: the sockets can't meet
+        finally:
+            listener.close()
     dist.all_gather_object(flags, ok, group=world)
     if not all(flags):
         for peer in peers:
             peer.close()
-        segment.close()
+        if segment is not None:
+            segment.close()
         return None
     for peer in peers:
         peer.settimeout(timeout)  # a barrier waits as long as a gloo collective would
-    return LocalReducer(segment, rank, size, peers)
+    return LocalReducer(segment, index, size, peers)
 
 
 def _mesh(
-    rank: int, size: int, token: bytes, key: bytes, listener: socket.socket, timeout: float
+    rank: int,
+    size: int,
+    token: bytes,
+    host: int,
+    key: bytes,
+    listener: socket.socket,
+    timeout: float,
 ) -> list[socket.socket]:
     """Connect every pair of ranks: each connects to the lower ranks, then accepts the higher."""
     by_rank: dict[int, socket.socket] = {}
@@ -356,7 +421,7 @@ def _mesh(
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             by_rank[lower] = sock
             sock.settimeout(timeout)
-            sock.connect(_socket_name(token, lower))
+            sock.connect(_socket_name(token, host, lower))
             wire.authenticate_as_client(sock, key)
             sock.sendall(_RANK.pack(rank))
         listener.settimeout(timeout)
@@ -375,3 +440,29 @@ def _mesh(
             sock.close()
         raise
     return [by_rank[r] for r in sorted(by_rank)]
+
+
+_Copies = tuple[list[torch.Tensor], list[torch.Tensor]]
+
+
+def _step_copies(
+    src_parts: list[list[torch.Tensor]],
+    dst_parts: list[list[torch.Tensor]],
+    lengths: list[list[int]],
+    pieces: list[list[torch.Tensor]],
+    me: int,
+    step: int,
+) -> tuple[_Copies, _Copies]:
+    """One pipeline step's copies: this rank's pieces of the others' shares into the segment
+    (publish), and every reduced piece out of it into `dst` (gather)."""
+    publish: _Copies = ([], [])
+    gather: _Copies = ([], [])
+    for k, parts in enumerate(src_parts):
+        if step < len(parts):  # a share may have a piece fewer than the others
+            n = lengths[k][step]
+            gather[0].append(dst_parts[k][step])
+            gather[1].append(_first(pieces[k][k], n))
+            if k != me:
+                publish[0].append(_first(pieces[me][k], n))
+                publish[1].append(parts[step])
+    return publish, gather

@@ -34,18 +34,24 @@ def attempt() -> int:
 
 # ----- collectives --------------------------------------------------------------------------------
 def conformance() -> dict[str, Any]:
-    """The collective conformance cases (tests/collectives/_cases.py) on this rank, and whether a
-    1 MiB allreduce went through shared memory for the ranks of this host."""
+    """The collective conformance cases (tests/collectives/_cases.py) on this rank; whether a
+    1 MiB allreduce went through shared memory for the ranks of this host (the hierarchical
+    path), and the hosts that path grouped the ranks into."""
     import hora.torch as hvd
-    from hora.collectives import _backends
+    from hora.collectives import _backends, _state
     from tests.collectives import _cases
 
     hvd.init()
-    before = _backends.stats.get("shm_allreduce_calls", 0)
+    before = dict(_backends.stats)
     hvd.allreduce(torch.ones(1 << 18), name="within.host")
-    shm = _backends.stats.get("shm_allreduce_calls", 0) - before
+    calls = {
+        k: _backends.stats.get(k, 0) - before.get(k, 0)
+        for k in ("shm_allreduce_calls", "hierarchical_allreduce_calls")
+    }
+    hierarchy = _state.get().groups[0].hierarchy
+    grouped = None if hierarchy is None else hierarchy.hosts
     hvd.shutdown()
-    return {"where": where(), "cases": _cases.run_all(), "shm_allreduce_calls": shm}
+    return {"where": where(), "cases": _cases.run_all(), "hierarchy_hosts": grouped, **calls}
 
 
 def allreduce_until_cut_off(folder: str) -> None:

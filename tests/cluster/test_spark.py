@@ -1,8 +1,10 @@
 """hora on Spark standalone over 2 namespaced hosts x 2 slots: 4 ranks, 2 per host.
 
 One conformance job runs every collective case of tests/collectives/_cases.py on the 4 ranks (each
-test below asserts one case on every rank); one training job compares hora.torch's
-DistributedOptimizer with one process. Each test names the hosts its ranks ran on.
+test below asserts one case on every rank), on the hierarchical data path (shared memory within
+each host, gloo across; `hierarchical_matches_flat` compares it with the flat path); one training
+job compares hora.torch's DistributedOptimizer with one process. Each test names the hosts its
+ranks ran on.
 """
 
 from __future__ import annotations
@@ -20,11 +22,6 @@ from tests.collectives import _cases
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
 
 NP = HOSTS * CORES
-# Cases that assume one host, which tests/collectives runs; on 2 hosts they check the wrong thing.
-ONE_HOST_CASES = {
-    "basics": "asserts local_rank == rank and cross_size == 1 (one host)",
-    "allreduce_path": "asserts that every allreduce goes through shared memory (one host)",
-}
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +54,22 @@ def test_ranks_of_one_host_are_contiguous(conformance):
         assert p["RANK"] == p["GROUP_RANK"] * p["LOCAL_WORLD_SIZE"] + p["LOCAL_RANK"], table
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23 item 4: on more than one host every allreduce goes through flat gloo over "
-    "TCP; no hierarchical path reduces within a host through shared memory",
-)
 def test_allreduce_reduces_within_each_host_through_shared_memory(conformance):
-    table = placement_table([r["where"] for r in conformance])
-    calls = [r["shm_allreduce_calls"] for r in conformance]
-    assert all(c >= 1 for c in calls), f"shared-memory allreduces per rank {calls}; {table}"
+    """The hierarchical path: shared memory among the ranks of each real host (each namespaced
+    host has its own /dev/shm), gloo across."""
+    places = [r["where"] for r in conformance]
+    table = placement_table(places)
+    hosts = [
+        [p["RANK"] for p in places if p["host"] == h]
+        for h in dict.fromkeys(p["host"] for p in places)
+    ]
+    assert all(r["hierarchy_hosts"] == hosts for r in conformance), (
+        f"hierarchical path's hosts {[r['hierarchy_hosts'] for r in conformance]}; {table}"
+    )
+    calls = [(r["shm_allreduce_calls"], r["hierarchical_allreduce_calls"]) for r in conformance]
+    assert all(c == (1, 1) for c in calls), (
+        f"(shared-memory, hierarchical) allreduces {calls}; {table}"
+    )
 
 
 @pytest.mark.parametrize("case", list(_cases.CASES))
@@ -74,9 +78,6 @@ def test_case(conformance, case: str) -> None:
     failures = {
         r["where"]["RANK"]: r["cases"][case] for r in conformance if r["cases"].get(case) != "ok"
     }
-    if case in ONE_HOST_CASES:
-        seen = {rank: text.strip().splitlines()[-1] for rank, text in failures.items()}
-        pytest.skip(f"the case {ONE_HOST_CASES[case]}; on {table}: {seen or 'passed'}")
     assert not failures, f"ranks on {table}:\n" + "\n".join(
         f"rank {rank}: {text}" for rank, text in failures.items()
     )

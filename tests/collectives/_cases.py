@@ -8,6 +8,7 @@ particular size.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import traceback
@@ -18,6 +19,7 @@ import torch
 
 import hora.torch as hvd
 from hora.collectives import _backends, _shm, _state
+from hora.collectives._dtypes import as_bytes
 
 CASES: dict[str, Callable[[int, int], None]] = {}
 
@@ -47,8 +49,11 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 def basics(r: int, n: int) -> None:
     assert hvd.is_initialized()
     assert (hvd.rank(), hvd.size()) == (r, n)
-    assert (hvd.local_rank(), hvd.local_size()) == (r, n)  # one host
-    assert (hvd.cross_rank(), hvd.cross_size()) == (0, 1)
+    assert 0 <= hvd.local_rank() < hvd.local_size() and 0 <= hvd.cross_rank() < hvd.cross_size()
+    if hvd.cross_size() == 1:
+        assert (hvd.local_rank(), hvd.local_size(), hvd.cross_rank()) == (r, n, 0)
+    if hvd.is_homogeneous():  # ranks numbered host by host, as horovodrun and torchrun do
+        assert r == hvd.cross_rank() * hvd.local_size() + hvd.local_rank()
     hvd.init()  # idempotent
     assert hvd.size() == n
     assert (hvd.Average, hvd.Sum, hvd.Adasum, hvd.Min, hvd.Max, hvd.Product) == (0, 1, 2, 3, 4, 5)
@@ -96,14 +101,24 @@ def allreduce_scaling(r: int, n: int) -> None:
     close(got, torch.full((3,), expected, dtype=torch.int32))
 
 
+def off(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("0", "false", "no", "off")
+
+
 @case
 def allreduce_path(r: int, n: int) -> None:
-    """One host: shared memory, unless HORA_SHM=0 keeps gloo."""
+    """Shared memory on one host, and within each host on several (the hierarchical path, where
+    some host runs more than one rank), unless HORA_SHM=0 (or, on several hosts,
+    HOROVOD_HIERARCHICAL_ALLREDUCE=0) keeps gloo."""
     before = dict(_backends.stats)
     hvd.allreduce(torch.ones(8), name="path")
     shm = _backends.stats["shm_allreduce_calls"] - before.get("shm_allreduce_calls", 0)
     on_gpu = torch.empty(0).is_cuda  # the CUDA rerun of these cases (tests/gpu)
-    assert shm == (0 if os.environ.get("HORA_SHM") == "0" or on_gpu else 1), shm
+    hosts = hvd.cross_size()
+    flat = hosts > 1 and (off("HOROVOD_HIERARCHICAL_ALLREDUCE") or n == hosts)
+    assert shm == (0 if off("HORA_SHM") or on_gpu or flat else 1), shm
+    hierarchical = _backends.stats["hierarchical_allreduce_calls"]
+    assert hierarchical - before.get("hierarchical_allreduce_calls", 0) == (shm if hosts > 1 else 0)
     assert _backends.stats["allreduce_calls"] - before.get("allreduce_calls", 0) == 1
 
 
@@ -188,9 +203,19 @@ def boundary_counts(n: int, itemsize: int) -> list[int]:
     return [whole, whole + 1, steps * step - 1, steps * step + 1]
 
 
+MIN_MAX = (hvd.Min, hvd.Max)
+
+
+def in_rank_order(op: int) -> bool:
+    """Whether an allreduce's result is bitwise the rank-order reduction: on the CPU of one host
+    (shared memory), or for Min and Max anywhere. Across hosts, gloo and the hierarchical path
+    each reduce in an order of their own, as NCCL does on GPUs."""
+    return torch.empty(0).device.type == "cpu" and (hvd.cross_size() == 1 or op in MIN_MAX)
+
+
 def same_result(got: torch.Tensor, want: torch.Tensor, exact: bool, what: object) -> None:
-    """Bitwise where every rank reduces in rank order (CPU), else within a few roundings of
-    the dtype (NCCL sums half precision as it is, in its own order)."""
+    """Bitwise where `exact` (and for integers), else within a few roundings of the dtype
+    (an order of its own: NCCL's, gloo's across hosts, the hierarchical path's)."""
     assert got.dtype == want.dtype, (what, got.dtype)
     if exact or not want.is_floating_point():
         assert torch.equal(got, want), what
@@ -203,9 +228,8 @@ def same_result(got: torch.Tensor, want: torch.Tensor, exact: bool, what: object
 @case
 def allreduce_chunk_boundaries(r: int, n: int) -> None:
     """Sizes across the shared-memory path's seams, every dtype and op, in place and out of
-    place, prescaled and postscaled: exactly the rank-order reduction on the CPU."""
+    place, prescaled and postscaled: exactly the rank-order reduction on one host's CPU."""
     where = torch.empty(0).device
-    exact = where.type == "cpu"
     ops = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
     for dt in DTYPES:
         # the seams of the buffer shared memory sees: widened dtypes are reduced widened
@@ -222,8 +246,9 @@ def allreduce_chunk_boundaries(r: int, n: int) -> None:
                     assert torch.equal(x.cpu(), xs[r]), f"{name} changed its input"
                 else:
                     got = hvd.allreduce_(x, op=op, name=name)
-                same_result(got.cpu(), reduced(xs, op), exact, name)
+                same_result(got.cpu(), reduced(xs, op), in_rank_order(op), name)
     count = boundary_counts(n, 4)[-1]
+    exact = in_rank_order(hvd.Sum)
     for dt in (torch.float32, torch.float16, torch.int32):
         xs = inputs(count, dt, n, seed=7)
         for op in (hvd.Sum, hvd.Average):
@@ -243,12 +268,16 @@ def allreduce_chunk_boundaries(r: int, n: int) -> None:
 @case
 def shared_memory_between_hook(r: int, n: int) -> None:
     """The reducer's hook for a hierarchical allreduce sees each piece of this rank's share
-    once, reduced within the host, before it is scaled and gathered."""
-    local = _state.get().groups[0].local
+    once, reduced within the host, before it is scaled and gathered (on several hosts, each
+    host's reducer on its own ranks)."""
+    info = _state.get().groups[0]
+    local = info.local or (info.hierarchy.local if info.hierarchy is not None else None)
     if local is None:  # HORA_SHM=0: no shared memory to test
         return
-    count = boundary_counts(n, 4)[-1]
-    xs = inputs(count, torch.float32, n, seed=99)
+    first = r - hvd.local_rank()  # ranks are numbered host by host
+    size, me = hvd.local_size(), hvd.local_rank()
+    count = 2 * size * _shm.piece_elements(4, size, across=True) + 1  # pieces of a few steps
+    xs = inputs(count, torch.float32, n, seed=99)[first : first + size]
     seen: list[int] = []
 
     def between(piece: torch.Tensor) -> None:
@@ -257,10 +286,101 @@ def shared_memory_between_hook(r: int, n: int) -> None:
 
     hvd.barrier()  # nothing in flight: this thread may use the reducer
     out = torch.empty(count, device="cpu")  # the reducer's own CPU path, whatever the job's device
-    local.allreduce(xs[r], out, hvd.Sum, scale=0.5, between=between)
+    local.allreduce(xs[me], out, hvd.Sum, scale=0.5, between=between)
     assert torch.equal(out, reduced(xs, hvd.Sum) * 3.0 * 0.5)
-    lo, hi = _shm.shares(count, 4, n)[r]
-    assert sum(seen) == hi - lo and len(seen) > 1, seen
+    lo, hi = _shm.shares(count, 4, size)[me]
+    assert sum(seen) == hi - lo and len(seen) > (1 if size > 1 else 0), seen
+
+
+def hierarchical_runs(r: int, n: int, size: int) -> list[tuple[str, int, torch.Tensor]]:
+    """(what, op, this rank's input) for every allreduce, in the order every rank runs them:
+    some shares empty; one piece per share; several steps (widened and not, 4 and 8 bytes)."""
+    piece = _shm.piece_elements(4, size, across=True)
+    small, steps = [3, 1000], 2 * size * piece + 17
+    ops = [hvd.Sum, hvd.Average, hvd.Min, hvd.Max, hvd.Product]
+    runs = []
+    for dt in DTYPES:
+        xs = inputs(steps, dt, n, seed=500)
+        for count in small:
+            for op in ops:
+                if dt != torch.bool or op not in (hvd.Average, hvd.Product):
+                    runs.append((f"{dt}.{count}.{op}", op, xs[r][:count]))
+        if dt in (torch.float32, torch.int64, torch.float16):
+            runs += [(f"{dt}.{steps}.{op}", op, xs[r]) for op in (hvd.Sum, hvd.Average, hvd.Max)]
+    return runs
+
+
+def hierarchical_allreduces(runs: list[tuple[str, int, torch.Tensor]]) -> list[torch.Tensor]:
+    out = []
+    for i, (what, op, x) in enumerate(runs):
+        if i % 2:
+            out.append(hvd.allreduce(x, op=op, name=f"hier.{what}"))
+        else:
+            out.append(hvd.allreduce_(x.clone(), op=op, name=f"hier.{what}"))
+    return out
+
+
+def hierarchical_moves(r: int, n: int, size: int) -> list[torch.Tensor]:
+    """Allgathers (uneven rows, a segment over a slot long) and broadcasts (every root, one
+    tensor of two steps and fused small ones)."""
+    cpu = torch.device("cpu")
+    rows = 1 + (_shm.SLOT_BYTES // 24 if r % 2 else r)
+    mine = torch.arange(rows * 3, dtype=torch.float64, device=cpu).reshape(rows, 3) + r
+    out = [hvd.allgather(mine, name="hier.ag")]
+    out += hvd.grouped_allgather([mine[:2].to(torch.int8), mine[: r + 1]], name="hier.gag")
+    big = torch.full((size * _shm.SLOT_BYTES // 4 + 5,), float(r), device=cpu)
+    for root in range(n):
+        out.append(hvd.broadcast(big, root, name=f"hier.bc.{root}"))
+        small = [torch.full((k + 1,), r * 10 + k, dtype=torch.int32) for k in range(3)]
+        handles = [
+            hvd.broadcast_async(t, root, name=f"hier.bc.{root}.{k}") for k, t in enumerate(small)
+        ]
+        out += [hvd.synchronize(h) for h in handles]
+    return out
+
+
+@case
+def hierarchical_matches_flat(r: int, n: int) -> None:
+    """On several hosts, the hierarchical path gives what the flat one (gloo over every rank)
+    gives: for every dtype and op and across its seams (small, pipelined, several steps), in
+    place and out; allgather (uneven rows, several steps of a slot) and broadcast (every root,
+    one tensor and fused) bitwise; allreduce bitwise for integers, bool, Min and Max, within a
+    few roundings for floating-point sums and products (the order differs), and bitwise the same
+    on every rank."""
+    info = _state.get().groups[0]
+    hierarchy = info.hierarchy
+    if hvd.cross_size() == 1 or n == hvd.cross_size():
+        assert hierarchy is None  # one host (shared memory), or one rank per host (flat)
+        return
+    if hierarchy is None:
+        assert off("HORA_SHM") or (
+            off("HOROVOD_HIERARCHICAL_ALLREDUCE") and off("HOROVOD_HIERARCHICAL_ALLGATHER")
+        )
+        return
+    size = max(len(ranks) for ranks in hierarchy.hosts)  # the same on every rank
+    runs = hierarchical_runs(r, n, size)
+    before = dict(_backends.stats)
+    hier_reduced, hier_moved = hierarchical_allreduces(runs), hierarchical_moves(r, n, size)
+    counted = {k: _backends.stats[k] - before.get(k, 0) for k in _backends.stats}
+    hvd.barrier()  # nothing of this rank in flight: its engine reads `hierarchy` per bucket
+    info.hierarchy = None
+    try:
+        flat_reduced, flat_moved = hierarchical_allreduces(runs), hierarchical_moves(r, n, size)
+    finally:
+        hvd.barrier()
+        info.hierarchy = hierarchy
+    assert counted.get("hierarchical_allreduce_calls", 0) == (
+        len(runs) if hierarchy.allreduce_on else 0
+    ), counted
+    assert counted.get("hierarchical_allgather_calls", 0) == (2 if hierarchy.allgather_on else 0)
+    assert (counted.get("hierarchical_broadcast_calls", 0) >= 2 * n) == hierarchy.allgather_on
+    for (what, op, _), got, want in zip(runs, hier_reduced, flat_reduced, strict=True):
+        same_result(got, want, op in MIN_MAX, what)
+    for got, want in zip(hier_moved, flat_moved, strict=True):
+        assert torch.equal(got, want), (got, want)
+    digests = [hashlib.sha1(as_bytes(t).numpy()).hexdigest() for t in hier_reduced]
+    everyone = hvd.allgather_object(digests)
+    assert all(d == digests for d in everyone), "ranks got different bits"
 
 
 @case
@@ -923,12 +1043,15 @@ def shutdown_and_reinit(r: int, n: int) -> None:
     close(hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), float(n)))
 
 
-def run_all() -> dict[str, str]:
-    """Run every case on this rank; never raise, so that every outcome comes back."""
+def run_all(only: list[str] | None = None) -> dict[str, str]:
+    """Run every case (or those named `only`) on this rank; never raise, so that every outcome
+    comes back."""
     hvd.init(process_sets="dynamic")
     r, n = hvd.rank(), hvd.size()
     outcomes: dict[str, str] = {}
     for name, fn in CASES.items():
+        if only is not None and name not in only:
+            continue
         if os.environ.get("HORA_CASES_VERBOSE"):
             print("case", name, flush=True)
         try:
@@ -939,6 +1062,27 @@ def run_all() -> dict[str, str]:
         hvd.init(process_sets="dynamic")  # a case that shut down must not break the next one
     hvd.shutdown()
     return outcomes
+
+
+def pretend_hosts(local_sizes: list[int]) -> None:
+    """Tell this rank it sits on one of several hosts, of `local_sizes` ranks each, numbered
+    host by host (before `hvd.init()`, which reads the placement from the launcher's variables):
+    each pretended host gets a shared-memory segment of its own, so the hierarchical path runs
+    on one machine as it would across hosts."""
+    rank = int(os.environ["RANK"])
+    host = next(h for h in range(len(local_sizes)) if rank < sum(local_sizes[: h + 1]))
+    os.environ.update(
+        HOROVOD_LOCAL_RANK=str(rank - sum(local_sizes[:host])),
+        HOROVOD_LOCAL_SIZE=str(local_sizes[host]),
+        HOROVOD_CROSS_RANK=str(host),
+        HOROVOD_CROSS_SIZE=str(len(local_sizes)),
+    )
+
+
+def run_all_on_hosts(local_sizes: list[int], only: list[str] | None = None) -> dict[str, str]:
+    """`run_all` on ranks that pretend to sit on several hosts (`pretend_hosts`)."""
+    pretend_hosts(local_sizes)
+    return run_all(only)
 
 
 # ----- failure jobs ------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""Conformance of hora.torch's collective engine on real ranks (2 and 3), launched by hora.run.
+"""Conformance of hora.torch's collective engine on real ranks (2 to 4), launched by hora.run.
 
-One job per world size runs every case of `_cases` inside the ranks; each test below asserts one
-case on every rank. Failure modes that end a job (a peer that shuts down or dies) have jobs of
-their own.
+One job per world size and data path runs every case of `_cases` inside the ranks (on one host,
+on one host without shared memory, and on ranks pretending to sit on several hosts, which takes
+the hierarchical path); each test below asserts one case on every rank. Failure modes that end a
+job (a peer that shuts down or dies) have jobs of their own.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import pytest
 
@@ -20,25 +22,66 @@ from hora.errors import WorkerFailedError
 from tests.collectives import _cases
 
 SIZES = (2, 3)
-# (ranks, HORA_SHM): one host uses shared memory for allreduce; "0" keeps gloo's path tested too.
-JOBS = ((2, "1"), (3, "1"), (2, "0"))
+
+
+class Job(NamedTuple):
+    np: int
+    shm: str  # HORA_SHM: "0" keeps gloo's path tested too
+    hosts: tuple[int, ...] = ()  # ranks per pretended host (`_cases.pretend_hosts`), or one host
+
+
+# One host uses shared memory for allreduce; ranks that pretend to sit on several hosts take the
+# hierarchical path: every local rank across hosts (2 x 2), or one leader per host (2 + 1).
+JOBS = {
+    "np2-shm1": Job(2, "1"),
+    "np3-shm1": Job(3, "1"),
+    "np2-shm0": Job(2, "0"),
+    "hosts2x2": Job(4, "1", (2, 2)),
+    "hosts2+1": Job(3, "1", (2, 1)),
+}
+
+
+def _run(job: Job) -> list[dict[str, str]]:
+    env = {"HORA_SHM": job.shm}
+    if job.hosts:
+        return hora.run(_cases.run_all_on_hosts, (list(job.hosts),), np=job.np, env=env)
+    return hora.run(_cases.run_all, np=job.np, env=env)
 
 
 @pytest.fixture(scope="module")
-def outcomes() -> dict[tuple[int, str], list[dict[str, str]]]:
-    return {(np, shm): hora.run(_cases.run_all, np=np, env={"HORA_SHM": shm}) for np, shm in JOBS}
+def outcomes() -> dict[str, list[dict[str, str]]]:
+    return {name: _run(job) for name, job in JOBS.items()}
 
 
-@pytest.mark.parametrize("job", JOBS, ids=[f"np{np}-shm{shm}" for np, shm in JOBS])
+@pytest.mark.parametrize("job", list(JOBS))
 @pytest.mark.parametrize("case", list(_cases.CASES))
-def test_case(
-    outcomes: dict[tuple[int, str], list[dict[str, str]]], case: str, job: tuple[int, str]
-) -> None:
-    np = job[0]
+def test_case(outcomes: dict[str, list[dict[str, str]]], case: str, job: str) -> None:
     per_rank = outcomes[job]
-    assert len(per_rank) == np
+    assert len(per_rank) == JOBS[job].np
     failures = {r: o[case] for r, o in enumerate(per_rank) if o.get(case) != "ok"}
     assert not failures, "\n".join(f"rank {r}: {text}" for r, text in failures.items())
+
+
+@pytest.mark.parametrize(
+    "off",
+    [
+        ["HOROVOD_HIERARCHICAL_ALLREDUCE"],
+        ["HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER"],
+    ],
+    ids=["allreduce-off", "all-off"],
+)
+def test_horovods_variables_turn_the_hierarchical_path_off(off: list[str]) -> None:
+    """The cases that look at the path taken, on 2 pretended hosts x 2: with
+    HOROVOD_HIERARCHICAL_ALLREDUCE=0 allreduces are flat (allgathers and broadcasts are not),
+    with HOROVOD_HIERARCHICAL_ALLGATHER=0 too nothing is hierarchical."""
+    cases = ["basics", "allreduce_path", "shared_memory_between_hook", "hierarchical_matches_flat"]
+    env = dict.fromkeys(off, "0")
+    per_rank = hora.run(_cases.run_all_on_hosts, ([2, 2], cases), np=4, env=env)
+    assert all(sorted(o) == sorted(cases) for o in per_rank), per_rank
+    failures = {
+        (r, c): text for r, o in enumerate(per_rank) for c, text in o.items() if text != "ok"
+    }
+    assert not failures, "\n".join(f"rank {r}, {c}: {text}" for (r, c), text in failures.items())
 
 
 @pytest.mark.parametrize("np", SIZES)

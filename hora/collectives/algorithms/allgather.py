@@ -11,10 +11,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from hora.collectives._backends import GroupInfo, all_gather_single, collective
+from hora.collectives._backends import GroupInfo, gather_work
 from hora.collectives._dtypes import as_bytes, dtype_from_name
 from hora.collectives._fusion import aligned
-from hora.collectives._messages import ALLGATHER, Bucket
+from hora.collectives._messages import Bucket
 from hora.collectives._queue import LocalOp
 from hora.collectives.algorithms import device_of, local_tensors, row_bytes, set_outputs
 from hora.timeline.hooks import begin_each, end_each
@@ -74,7 +74,7 @@ def run(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str)
     recv = torch.empty(seg * info.size, dtype=torch.uint8, device=dev)
     end_each(names, "MEMCPY_IN_FUSION_BUFFER")
     if info.size > 1 and seg:
-        collective(names, ALLGATHER, info, device, all_gather_single, recv, send)
+        gather_work(names, recv, send, info, device)
     elif seg:
         recv.copy_(send)
     begin_each(names, "MEMCPY_OUT_FUSION_BUFFER")

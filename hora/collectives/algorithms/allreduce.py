@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from hora.collectives._backends import GroupInfo, reduce_work, shm_allreduce
+from hora.collectives._backends import GroupInfo, reads_source, reduce_work, shm_allreduce
 from hora.collectives._common import Average
 from hora.collectives._dtypes import cast_back_, reduce_dtype, scale_
 from hora.collectives._fusion import cached_layout
@@ -119,7 +119,7 @@ def _shared_memory_source(
 ) -> torch.Tensor | None:
     """The one out-of-place tensor that shared memory can read as it is (no clone: a copy of
     the whole tensor saved), else None."""
-    if len(items) != 1 or device != "cpu" or info.local is None or info.size == 1:
+    if len(items) != 1 or not reads_source(info, device):
         return None
     i, _, t = items[0]
     return None if inplace[i] or wide != t.dtype or ref.prescale != 1.0 else t

@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from hora.collectives._backends import GroupInfo, collective
+from hora.collectives._backends import GroupInfo, broadcast_work
 from hora.collectives._dtypes import as_bytes
 from hora.collectives._fusion import aligned
-from hora.collectives._messages import BROADCAST, Bucket
+from hora.collectives._messages import Bucket
 from hora.collectives._queue import LocalOp
 from hora.collectives.algorithms import in_place_flags, local_tensors, set_outputs
 from hora.timeline.hooks import begin_each, end_each
@@ -32,7 +31,7 @@ def run(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str)
         i, j, t = items[0]
         out = t if inplace[i] else _fresh(t, is_root)
         if info.size > 1 and out.numel():
-            collective(names, BROADCAST, info, device, dist.broadcast, as_bytes(out), src=root)
+            broadcast_work(names, as_bytes(out), root, info, device)
         outputs[i][j] = out
     else:
         _run_fused(names, items, inplace, outputs, info, device, root, is_root)
@@ -65,7 +64,7 @@ def _run_fused(
             buf[o : o + t.numel() * t.element_size()].copy_(as_bytes(t))
     end_each(names, "MEMCPY_IN_FUSION_BUFFER")
     if info.size > 1:
-        collective(names, BROADCAST, info, device, dist.broadcast, buf, src=root)
+        broadcast_work(names, buf, root, info, device)
     begin_each(names, "MEMCPY_OUT_FUSION_BUFFER")
     for (i, j, t), o in zip(items, offsets, strict=True):
         piece = buf[o : o + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
