@@ -161,20 +161,9 @@ def _shape(cluster: Cluster, text: str) -> str:
 
 
 def _start_spark(cluster: Cluster) -> Any:
-    from tests.cluster.conftest import wait_for_spark_executors
-    from tests.spark.conftest import start_spark
+    from tests.cluster.conftest import spark_session_on
 
-    session = start_spark(
-        cluster.spark_master,
-        **{
-            "spark.driver.host": cluster.driver_address,
-            "spark.driver.bindAddress": cluster.driver_address,
-            "spark.executor.memory": "1g",
-            "spark.executor.cores": str(PER_HOST),
-        },
-    )
-    wait_for_spark_executors(session.sparkContext, HOSTS)
-    return session
+    return spark_session_on(cluster, cores=PER_HOST, memory="1g")
 
 
 def report(results: list[dict[str, Any]], sizes_mb: list[float], steps: int) -> None:

@@ -96,7 +96,7 @@ def spark_cluster() -> Iterator[Cluster]:
         stop_cluster(cluster)
 
 
-def spark_session_on(cluster: Cluster) -> Any:
+def spark_session_on(cluster: Cluster, cores: int = CORES, memory: str = "512m") -> Any:
     """A SparkSession on the cluster's master, this process its driver on the bridge address;
     returns once every host's executor has registered."""
     from tests.spark.conftest import start_spark
@@ -106,8 +106,8 @@ def spark_session_on(cluster: Cluster) -> Any:
         **{
             "spark.driver.host": cluster.driver_address,
             "spark.driver.bindAddress": cluster.driver_address,
-            "spark.executor.memory": "512m",
-            "spark.executor.cores": str(CORES),
+            "spark.executor.memory": memory,
+            "spark.executor.cores": str(cores),
         },
     )
     wait_for_spark_executors(session.sparkContext, HOSTS)
