@@ -34,7 +34,8 @@ def require_spark_connect() -> None:
 
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = Path(__file__).resolve().parent / "script.py"
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "script.py"
 CLIENT_TIMEOUT = 900
 
 
@@ -71,11 +72,16 @@ def client_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_client(url: str, checks: list[str], env: dict[str, str] | None = None) -> ClientRun:
-    """`python -m tests.connect._client URL CHECKS...` in the repository; its results."""
+def run_client(
+    url: str,
+    checks: list[str],
+    env: dict[str, str] | None = None,
+    module: str = "tests.connect._client",
+) -> ClientRun:
+    """`python -m MODULE URL CHECKS...` in the repository; its results."""
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "tests.connect._client", url, *checks],
+        [sys.executable, "-m", module, url, *checks],
         cwd=REPO,
         env=env or client_env(),
         capture_output=True,
@@ -92,6 +98,36 @@ def run_client(url: str, checks: list[str], env: dict[str, str] | None = None) -
     run.timings = {name: r.get("seconds", 0.0) for name, r in results.items()}
     print(f"client {url}: {run.seconds:.0f} s; per check: {run.timings}")
     return run
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has grouped the tests by the url fixture's params
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests here that need no Connect session run first: the separate server lives until the
+    last test that asks for it, and every test that is not marked `spark` checks afterwards that
+    no tagged process (the server's included) is left."""
+    mine = [i for i, item in enumerate(items) if Path(item.path).parent == HERE]
+    ordered = sorted((items[i] for i in mine), key=lambda item: "url" in item.fixturenames)
+    for i, item in zip(mine, ordered, strict=True):
+        items[i] = item
+
+
+@pytest.fixture(scope="package", params=["remote-local", "separate-server"])
+def url(request, tmp_path_factory):
+    """Where a client connects: `remote("local[2]")` in the client's own process, or a Connect
+    server started here from the pyspark wheel over `local-cluster[2,1,1024]`, one for all the
+    modules that ask for it (pytest runs their tests on one kind of session, then the other)."""
+    if request.param == "remote-local":
+        yield "local[2]"
+        return
+    from tests.connect._server import ConnectServer
+
+    log = tmp_path_factory.mktemp("connect-server") / "server.log"
+    server = ConnectServer.start("local-cluster[2,1,1024]", sys.executable, log, client_env())
+    print(f"Connect server up in {server.started_s:.0f} s at {server.url}")
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="package", autouse=True)

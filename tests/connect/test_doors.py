@@ -20,7 +20,6 @@ import sys
 
 import pytest
 
-from tests.connect._server import ConnectServer
 from tests.connect.conftest import SCRIPT, client_env, require_spark_connect, run_client
 
 require_spark_connect()
@@ -42,21 +41,6 @@ CHECKS = [
 ]
 if importlib.util.find_spec("tensorflow") is not None:  # MirroredStrategyRunner's ranks need it
     CHECKS.append("mirrored")
-
-
-@pytest.fixture(scope="module", params=["remote-local", "separate-server"])
-def url(request, tmp_path_factory):
-    """Where the client connects; a separate server lives as long as this module's tests."""
-    if request.param == "remote-local":
-        yield "local[2]"
-        return
-    log = tmp_path_factory.mktemp("connect-server") / "server.log"
-    server = ConnectServer.start("local-cluster[2,1,1024]", sys.executable, log, client_env())
-    print(f"Connect server up in {server.started_s:.0f} s at {server.url}")
-    try:
-        yield server.url
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ Arrow to NumPy that training and inference share (so both see the same values an
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,36 @@ def describe(df: Any, names: list[str], role: str) -> list[ColumnSpec]:
                 f"{role} column {name!r} has type {dtype.simpleString()}; a model reads numeric, "
                 "array<numeric> or ml vector columns: cast it, or assemble it with "
                 "VectorAssembler"
+            )
+    return specs
+
+
+def is_pandas(dataset: Any) -> bool:
+    """A pandas DataFrame (what a pyspark.ml.connect pipeline may hand a stage), found without
+    importing pandas where the program has not."""
+    pandas = sys.modules.get("pandas")
+    return pandas is not None and isinstance(dataset, pandas.DataFrame)
+
+
+def describe_pandas(frame: Any, names: list[str], role: str) -> list[ColumnSpec]:
+    """`describe` for a pandas DataFrame (what a `pyspark.ml.connect` pipeline may hand a stage):
+    numeric columns are scalars, columns of lists, arrays or ml vectors are arrays."""
+    specs = []
+    for name in names:
+        if name not in frame.columns:
+            raise ValueError(
+                f"{role} column {name!r} is not in the DataFrame; its columns are "
+                f"{sorted(map(str, frame.columns))}"
+            )
+        kind = frame[name].dtype.kind  # NumPy's: b(ool), i(nt), u(nsigned), f(loat), O(bject)
+        if kind in "biuf":
+            specs.append(ColumnSpec(name, "scalar", kind in "biu"))
+        elif kind == "O":
+            specs.append(ColumnSpec(name, "array", False))
+        else:
+            raise ValueError(
+                f"{role} column {name!r} has dtype {frame[name].dtype}; a model reads numbers, "
+                "or lists, arrays or ml vectors of numbers"
             )
     return specs
 

@@ -16,29 +16,43 @@ from pyspark.ml.util import MLReadable, MLWritable
 
 from hora.checkpoint import Checkpoint
 from hora.config import RunConfig
-from hora.engines.spark.session import active_spark_context
+from hora.engines.spark.base import Session
+from hora.engines.spark.checks import concurrent_slots
+from hora.engines.spark.classic import ClassicSession
+from hora.engines.spark.connect import ConnectSession
+from hora.engines.spark.session import active_session
 from hora.job import launch
 from hora.spark.estimator import feed, tracking
-from hora.spark.estimator.columns import ColumnSpec, describe
+from hora.spark.estimator.columns import ColumnSpec, describe, is_pandas
+from hora.spark.estimator.connect_bases import ConnectEstimator
 from hora.spark.estimator.model import OUTPUT_TYPES, TorchModel
 from hora.spark.estimator.params import ESTIMATOR_OBJECTS, EstimatorParams
-from hora.spark.estimator.persistence import HoraReader, HoraWriter
+from hora.spark.estimator.persistence import HoraReader, HoraWriter, StageFile
 from hora.spark.estimator.store import Store
 from hora.spark.estimator.train import TrainJob, metric_values, step_loss, train_on_rank
 
 
-class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
-    """Horovod's TorchEstimator on hora (keyword arguments only).
+# pyspark.ml's save(path) comes first, before pyspark.ml.connect's save(path, *, overwrite)
+class TorchEstimator(  # type: ignore[misc]
+    Estimator, EstimatorParams, MLWritable, MLReadable, StageFile, ConnectEstimator
+):
+    """Horovod's TorchEstimator on hora (keyword arguments only); a `pyspark.ml` Estimator and,
+    where pyspark.ml.connect imports, a `pyspark.ml.connect` one.
 
     `model` (nn.Module), `optimizer` (over the model's parameters), `loss` (loss(output, label),
     or one per label column), `feature_cols`, `label_cols`, `store` (where data, checkpoints,
     event files and the final model go) are required. `validation`: a fraction of the rows
     (split by row content and the seed) or a column whose true rows are validation rows.
     `run_id`: the run's name; fitting again with the same run_id resumes it. `num_proc`: ranks
-    (Spark's default parallelism if None). `metrics`: metric(output, label) -> number.
+    (if None: Spark's default parallelism on a classic session, the task slots on a Spark
+    Connect one). `metrics`: metric(output, label) -> number.
     `callbacks`: objects with any of on_train_begin(), on_epoch_begin(epoch),
     on_epoch_end(epoch, logs), on_train_end(history), called on every rank.
+    `prediction_col`: the model adds each row's class index (the first output's argmax). `fit`
+    also takes a pandas DataFrame, written to the store through the active SparkSession.
     """
+
+    stage_objects = ESTIMATOR_OBJECTS
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
@@ -51,13 +65,16 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
         self._set(**kwargs)
 
     def write(self) -> HoraWriter:
-        return HoraWriter(self, ESTIMATOR_OBJECTS)
+        return HoraWriter(self)
 
     @classmethod
     def read(cls) -> HoraReader:
         return HoraReader(cls)
 
     def _fit(self, dataset: Any) -> TorchModel:
+        session = active_session()
+        if is_pandas(dataset):
+            dataset = _spark_frame(session, dataset)
         settings = self._checked_settings()
         store: Store = settings["store"]
         features = describe(dataset, self.getFeatureCols(), "feature")
@@ -82,8 +99,7 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             )
             return self._model_from(found.state, run_id, features, labels, settings, store)
 
-        context = active_spark_context()
-        num_proc = self.getNumProc() or (context.defaultParallelism if context is not None else 1)
+        num_proc = self.getNumProc() or _default_ranks(session)
         specs, head = feed.sample(dataset, features, labels, self.getInputShapes())
         _try_on_a_sample(self.getModel(), specs, head, len(features), settings)
         data = feed.prepare(dataset, store, specs, len(features), validation, seed)
@@ -116,7 +132,7 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
                 f"{store.location('data', data.key)})"
                 + (f", resuming after epoch {found.state['epoch']}" if found is not None else "")
             )
-        backend = "spark" if context is not None else "local"
+        backend = "spark" if session is not None else "local"
         progress = [EpochLine(epochs)] if self.getVerbose() else []
         config = RunConfig(
             np=num_proc, backend=backend, collect_all=False, report_to=progress, progress=False
@@ -239,8 +255,39 @@ class TorchEstimator(Estimator, EstimatorParams, MLWritable, MLReadable):
             run_id=run_id,
             output_cols=self.getOutputCols(),
             output_type=self.getOutputType(),
+            prediction_col=self.getPredictionCol(),
             store=store.uri,
         )
+
+
+def _spark_frame(session: Session | None, frame: Any) -> Any:
+    """A pandas DataFrame (a pyspark.ml.connect pipeline may pass one) as a Spark DataFrame of
+    the active session: the rows reach the store through Spark, as any DataFrame's do."""
+    if isinstance(session, ConnectSession):
+        return session.spark.createDataFrame(frame)
+    if session is None:
+        raise ValueError(
+            "fitting on a pandas DataFrame needs an active SparkSession: the rows go to the "
+            "store through Spark; start one, or pass a Spark DataFrame"
+        )
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.getOrCreate().createDataFrame(frame)
+
+
+def _default_ranks(session: Session | None) -> int:
+    """num_proc when it is None: Spark's default parallelism on a classic session, the task
+    slots that a Spark Connect session's master and settings give, else 1."""
+    if isinstance(session, ClassicSession):
+        return int(session.sc.defaultParallelism)
+    slots = concurrent_slots(session) if session is not None else 1
+    if slots is None:
+        print(
+            "hora: this Spark Connect cluster's task slots cannot be counted from its master "
+            "and settings; fitting on 1 rank (set num_proc for more)",
+            flush=True,
+        )
+    return slots or 1
 
 
 def _new_run_id() -> str:

@@ -65,6 +65,7 @@ def sample(
     names = [f"c{i}" for i in range(len(specs))]
     columns = [numeric_column(s, n) for s, n in zip(specs, names, strict=True)]
     head = df.select(*columns).limit(rows).toPandas()
+    head.attrs = {}  # a Connect client's toPandas puts its plan metrics here; pyarrow warns on them
     if not len(head):
         raise ValueError("the DataFrame is empty: there is nothing to train on")
     table = pa.Table.from_pandas(head, preserve_index=False)

@@ -45,12 +45,18 @@ class SharedParams(Params):
     )
     batch_size = _param("batch_size", "rows per batch on each rank", TypeConverters.toInt)
     run_id = _param("run_id", "the run's name under <store>/runs/")
+    prediction_col = _param(
+        "prediction_col",
+        "if set, the model adds this column: each row's index of the largest value of the first "
+        "output (a class index, as a double, as classification evaluators read it)",
+    )
 
     getFeatureCols, setFeatureCols = _accessors("feature_cols")
     getLabelCols, setLabelCols = _accessors("label_cols")
     getInputShapes, setInputShapes = _accessors("input_shapes")
     getBatchSize, setBatchSize = _accessors("batch_size")
     getRunId, setRunId = _accessors("run_id")
+    getPredictionCol, setPredictionCol = _accessors("prediction_col")
 
 
 class EstimatorParams(SharedParams):
@@ -93,7 +99,7 @@ class EstimatorParams(SharedParams):
         self._setDefault(
             input_shapes=None, batch_size=32, run_id=None, loss_weights=None, metrics=None,
             epochs=1, validation=None, store=None, num_proc=None, callbacks=None, shuffle=True,
-            random_seed=None, verbose=1, output_cols=None, output_type="auto",
+            random_seed=None, verbose=1, output_cols=None, output_type="auto", prediction_col=None,
         )  # fmt: skip
 
 
@@ -116,7 +122,7 @@ class ModelParams(SharedParams):
         super().__init__()
         self._setDefault(
             input_shapes=None, batch_size=32, run_id=None, history=None, output_cols=None,
-            output_type="auto", store=None,
+            output_type="auto", store=None, prediction_col=None,
         )  # fmt: skip
 
 

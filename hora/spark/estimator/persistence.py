@@ -1,4 +1,7 @@
-"""save/load for TorchEstimator and TorchModel (pyspark's MLWritable/MLReadable):
+"""save/load for TorchEstimator and TorchModel, both ways pyspark saves a stage.
+
+pyspark.ml's (MLWritable/MLReadable: `write().save(path)`, `load(path)`, a `pyspark.ml`
+PipelineModel holding the stage), on classic and Spark Connect sessions:
 
     <path>/metadata/       pyspark's own params metadata (DefaultParamsWriter): the class, uid and
                            every JSON-able param (store and run_id included, which Horovod's
@@ -6,28 +9,42 @@
     <path>/objects.pkl     cloudpickle of the params that are Python objects: model, optimizer,
                            loss, metrics, callbacks, history
 
-The path is a local path, a `file:` URI or any URI pyarrow opens, as the store.
+The metadata goes through Spark (the SparkContext of a classic session; the SparkSession's
+DataFrame writer on Connect, pyspark >= 4.0), objects.pkl through pyarrow on the driver: the path
+is a local path, a `file:` URI or any URI pyarrow opens, as the store, and the driver and the
+cluster must both reach it.
+
+pyspark.ml.connect's (`StageFile`: `saveToLocal`/`loadFromLocal`, and its Pipeline's), where the
+JSON-able params go into the pipeline's metadata.json and the Python objects into one file per
+stage beside it, `<stage>.<class>.objects.pkl`.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
+import pyspark
+from pyspark.ml.param import Params
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
+from hora.engines.spark.classic import ClassicSession
+from hora.engines.spark.connect import ConnectSession
+from hora.engines.spark.session import active_session
 from hora.spark.estimator.store import Store
 
-if TYPE_CHECKING:
-    from pyspark import SparkContext
+
+def object_params(instance: Params, names: tuple[str, ...]) -> dict[str, Any]:
+    """The values of the params `names` that are set or have a default."""
+    return {n: instance.getOrDefault(n) for n in names if instance.isDefined(instance.getParam(n))}
 
 
 class HoraWriter(MLWriter):
-    def __init__(self, instance: Any, objects: tuple[str, ...]) -> None:
+    def __init__(self, instance: Any) -> None:
         super().__init__()
         self._instance = instance
-        self._objects = objects
+        self._objects: tuple[str, ...] = instance.stage_objects
 
     def save(self, path: str) -> None:
         store = Store.parse(path)
@@ -45,9 +62,9 @@ class HoraWriter(MLWriter):
         values = {
             p.name: instance.getOrDefault(p) for p in instance.params if instance.isDefined(p)
         }
-        objects = {k: v for k, v in values.items() if k in self._objects}
         plain = {k: v for k, v in values.items() if k not in self._objects}
-        DefaultParamsWriter.saveMetadata(instance, path, _spark_context(), paramMap=plain)
+        DefaultParamsWriter.saveMetadata(instance, path, _metadata_session(), paramMap=plain)
+        objects = object_params(instance, self._objects)
         store.write_bytes(store.path("objects.pkl"), cloudpickle.dumps(objects))
 
 
@@ -60,7 +77,7 @@ class HoraReader(MLReader):
         store = Store.parse(path)
         if not store.exists(store.path("objects.pkl")):
             raise FileNotFoundError(f"{path!r} holds no saved hora estimator or model")
-        metadata = DefaultParamsReader.loadMetadata(path, _spark_context())
+        metadata = DefaultParamsReader.loadMetadata(path, _metadata_session())
         module, _, name = metadata["class"].rpartition(".")
         cls = getattr(importlib.import_module(module), name)
         if not issubclass(cls, self._cls):
@@ -72,10 +89,42 @@ class HoraReader(MLReader):
         return instance
 
 
-def _spark_context() -> SparkContext:
-    from pyspark import SparkContext
-
-    context = SparkContext._active_spark_context
-    if context is None:
+def _metadata_session() -> Any:
+    """What DefaultParamsWriter/Reader write the metadata through: a classic session's
+    SparkContext (what pyspark 3.5 takes), a Connect session's SparkSession (pyspark >= 4.0)."""
+    found = active_session()
+    if isinstance(found, ClassicSession):
+        return found.sc
+    if not isinstance(found, ConnectSession):
         raise RuntimeError("saving or loading a Spark ML stage needs an active SparkSession")
-    return context
+    if int(pyspark.__version__.split(".")[0]) < 4:
+        raise RuntimeError(
+            f"saving or loading a Spark ML stage from a Spark Connect client needs pyspark 4.0 or "
+            f"later (this is {pyspark.__version__}): pip install 'pyspark[connect]>=4.0'"
+        )
+    return found.spark
+
+
+class StageFile(Params):
+    """pyspark.ml.connect's persistence hooks (its ParamsReadWrite and CoreModelReadWrite call
+    them): the params named in `stage_objects` are left out of the JSON metadata and cloudpickled
+    into the stage's one file."""
+
+    stage_objects: tuple[str, ...] = ()
+
+    def _get_skip_saving_params(self) -> list[str]:
+        # Params set to None too: loading passes each saved value through the param's type
+        # converter, which refuses None for a list; their defaults are None anyway.
+        nones = [p.name for p, value in self._paramMap.items() if value is None]
+        return [*self.stage_objects, *nones]
+
+    def _get_core_model_filename(self) -> str:
+        return f"{type(self).__name__}.objects.pkl"
+
+    def _save_core_model(self, path: str) -> None:
+        with open(path, "wb") as f:
+            f.write(cloudpickle.dumps(object_params(self, self.stage_objects)))
+
+    def _load_core_model(self, path: str) -> None:
+        with open(path, "rb") as f:
+            self._set(**cloudpickle.loads(f.read()))

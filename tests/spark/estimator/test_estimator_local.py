@@ -63,7 +63,12 @@ def test_pipeline_fit_transform_save_load_events_and_mlflow(spark, tmp_path, cap
 
     df, pixels = _data.digits_as_columns(spark, limit=1000)
     estimator = _estimator(
-        tmp_path / "store", epochs=3, validation=0.2, metrics=[_data.accuracy], run_id="pipe"
+        tmp_path / "store",
+        epochs=3,
+        validation=0.2,
+        metrics=[_data.accuracy],
+        run_id="pipe",
+        prediction_col="prediction",
     )
     pipeline = Pipeline(stages=[VectorAssembler(inputCols=pixels, outputCol="features"), estimator])
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow 3 asks for this opt-in
@@ -83,11 +88,13 @@ def test_pipeline_fit_transform_save_load_events_and_mlflow(spark, tmp_path, cap
     assert history[-1]["loss"] < history[0]["loss"]
 
     predicted = fitted.transform(df).withColumn(
-        "prediction",
+        "argmax",
         F.expr("cast(array_position(label__output, array_max(label__output)) - 1 AS double)"),
     )
-    predicted = predicted.select(*pixels, "label", "label__output", "prediction").cache()
+    predicted = predicted.select(*pixels, "label", "label__output", "prediction", "argmax").cache()
     assert dict(predicted.dtypes)["label__output"] == "array<float>"
+    assert dict(predicted.dtypes)["prediction"] == "double"
+    assert predicted.filter("prediction != argmax").count() == 0
     evaluator = MulticlassClassificationEvaluator(
         labelCol="label", predictionCol="prediction", metricName="accuracy"
     )
