@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 import hora
 from tests.cluster import _jobs
@@ -107,24 +106,17 @@ def test_estimator_fits_and_transforms_across_hosts(spark_cluster, tmp_path):
     executor see; TorchModel.transform on the executors gives what the fitted model gives here."""
     from pyspark.sql import SparkSession
 
-    from hora.spark import TorchEstimator
     from tests.spark.estimator import _data
 
     spark = SparkSession.builder.getOrCreate()
     df = _data.digits_as_array(spark, limit=1200)
-    model = _data.mlp()
-    estimator = TorchEstimator(
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-        loss=nn.functional.cross_entropy,
+    estimator = _data.estimator(
+        tmp_path / "store",
         metrics=[_data.accuracy],
-        feature_cols=["features"],
-        label_cols=["label"],
         validation="is_val",
         epochs=3,
         batch_size=16,
         num_proc=NP,
-        store=str(tmp_path / "store"),
         callbacks=[_jobs.SavePlace(str(tmp_path))],
         random_seed=1,
     )
