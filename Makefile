@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The venv's tools first (its ninja above all): torch's extension builds keep a ninja log that
+# another ninja version does not read, so a driver and ranks that find different ninjas rebuild
+# DeepSpeed's ops for each other (the multi-host tests' hosts put the venv first too).
+WITH_VENV_TOOLS := PATH="$(abspath $(VENV))/bin:$$PATH"
 
 .PHONY: setup demo test lint bench clean
 
@@ -20,7 +24,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -e '.[deepspeed]'
-	$(PY) -m hora._deepspeed_ops
+	$(WITH_VENV_TOOLS) $(PY) -m hora._deepspeed_ops
 	$(PY) -m pip install -q -e '.[estimator]'
 	touch $(STAMP)
 
@@ -33,7 +37,7 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check hora tests bench examples
 	$(PY) .ci/mypy_baseline.py
-	$(PY) -m pytest -q
+	$(WITH_VENV_TOOLS) $(PY) -m pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check hora tests bench examples

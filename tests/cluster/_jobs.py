@@ -8,6 +8,7 @@ model, so an attempt that resumes from step k-1 trains exactly as an uninterrupt
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -149,3 +150,92 @@ def reference(world: int) -> dict[str, torch.Tensor]:
         (model(x) - y).pow(2).mean().backward()
         opt.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# ----- the doors: the estimator, MirroredStrategyRunner, DeepSpeed -------------------------------
+# Their runners return rank 0's value (or nothing), so each rank writes what it saw to a shared
+# folder (every namespaced host sees the driver's files: only /dev/shm is a host's own).
+def _save(folder: str, seen: dict[str, Any]) -> dict[str, Any]:
+    seen = {"where": where()} | seen
+    Path(folder, f"rank{seen['where']['RANK']}.json").write_text(json.dumps(seen))
+    return seen
+
+
+def saved(folder: str | Path) -> list[dict[str, Any]]:
+    """What `_save` wrote, in rank order."""
+    found = [json.loads(p.read_text()) for p in Path(folder).glob("rank*.json")]
+    return sorted(found, key=lambda s: s["where"]["RANK"])
+
+
+class SavePlace:
+    """An estimator callback: each rank saves where it trained when training begins."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_train_begin(self) -> None:
+        _save(self.folder, {})
+
+
+MWMS_START, MWMS_LR, MWMS_STEPS = 1.0, 0.1, 2
+
+
+def mwms_steps(folder: str) -> dict[str, Any]:
+    """Under MirroredStrategyRunner's MultiWorkerMirroredStrategy: MWMS_STEPS custom-loop steps
+    (strategy.run) of gradient descent on a mirrored w, where worker i's loss is (w - (i + 1))^2
+    and the replicas' updates are averaged; and an all-reduced sum of the workers' indices.
+    Saves its TF_CONFIG and what it computed."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    strategy = tf.distribute.get_strategy()
+    config = json.loads(os.environ["TF_CONFIG"])
+    target = float(config["task"]["index"] + 1)
+    w = tf.Variable(MWMS_START, aggregation=tf.VariableAggregation.MEAN)  # in the scope
+
+    def replica_step() -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = (w - target) ** 2
+        w.assign_sub(MWMS_LR * tape.gradient(loss, w))  # MEAN: every worker's update averaged
+        return tf.constant(target - 1)
+
+    @tf.function
+    def step() -> tf.Tensor:
+        index = strategy.run(replica_step)
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, index, axis=None)
+
+    sums = [float(step().numpy()) for _ in range(MWMS_STEPS)]
+    return _save(
+        folder,
+        {
+            "tf_config": config,
+            "mwms": isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy),
+            "replicas": strategy.num_replicas_in_sync,
+            "index_sums": sums,
+            "w": float(w.numpy()),
+        },
+    )
+
+
+def mwms_expected_w(workers: int) -> float:
+    """`mwms_steps`' w in plain Python: each step moves w by lr times the mean gradient."""
+    w = MWMS_START
+    for _ in range(MWMS_STEPS):
+        w -= MWMS_LR * sum(2 * (w - (i + 1)) for i in range(workers)) / workers
+    return w
+
+
+def deepspeed_losses(
+    out: str, ninja_folder: str | None, deepspeed_config: dict | None = None
+) -> dict[str, Any]:
+    """tests/deepspeed's training function (a tiny MLP on digits under deepspeed.initialize),
+    saving where it ran. `ninja_folder` first on the PATH: the ninja the driver's DeepSpeed
+    uses. The ops that `make setup` built in the shared extension cache are loaded through
+    ninja, whose build log a ninja of another version does not read: the executors' PATH (the
+    virtualenv's ninja first) would rebuild them, and the driver's next load rebuild them back
+    (a minute each on 2 cores)."""
+    from tests.deepspeed import _ranks
+
+    if ninja_folder:
+        os.environ["PATH"] = ninja_folder + os.pathsep + os.environ["PATH"]
+    return _save(out, _ranks.train(deepspeed_config))

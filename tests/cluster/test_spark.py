@@ -3,19 +3,25 @@
 One conformance job runs every collective case of tests/collectives/_cases.py on the 4 ranks (each
 test below asserts one case on every rank), on the hierarchical data path (shared memory within
 each host, gloo across; `hierarchical_matches_flat` compares it with the flat path); one training
-job compares hora.torch's DistributedOptimizer with one process. Each test names the hosts its
-ranks ran on.
+job compares hora.torch's DistributedOptimizer with one process; then the doors on the same
+cluster: TorchEstimator's fit and transform, MirroredStrategyRunner's TF_CONFIG and a
+MultiWorkerMirroredStrategy step, and DeepSpeed ZeRO-2 against one process. Each test names the
+hosts its ranks ran on.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from typing import Any
 
 import pytest
+import torch
 
 import hora
 from tests.cluster import _jobs
 from tests.cluster._checks import assert_spread, assert_trained_like_one_process, placement_table
+from tests.cluster._cluster import Cluster
 from tests.cluster.conftest import CORES, HOSTS, note, timed
 from tests.collectives import _cases
 
@@ -86,3 +92,114 @@ def test_case(conformance, case: str) -> None:
 def test_distributed_optimizer_equals_one_process(trained):
     assert_spread([r["where"] for r in trained], HOSTS, CORES)
     assert_trained_like_one_process(trained)
+
+
+# ----- the doors ---------------------------------------------------------------------------------
+def noted_places(job: str, seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    places = [s["where"] for s in seen]
+    note(f"spark {job} placement: {placement_table(places)}")
+    return places
+
+
+def test_estimator_fits_and_transforms_across_hosts(spark_cluster, tmp_path):
+    """TorchEstimator.fit on 4 ranks over both hosts, its store a folder the driver and every
+    executor see; TorchModel.transform on the executors gives what the fitted model gives here."""
+    from pyspark.sql import SparkSession
+
+    from tests.spark.estimator import _data
+
+    spark = SparkSession.builder.getOrCreate()
+    df = _data.digits_as_array(spark, limit=1200)
+    estimator = _data.estimator(
+        tmp_path / "store",
+        metrics=[_data.accuracy],
+        validation="is_val",
+        epochs=3,
+        batch_size=16,
+        num_proc=NP,
+        callbacks=[_jobs.SavePlace(str(tmp_path))],
+        random_seed=1,
+    )
+    with timed(f"spark: estimator fit, 3 epochs (np={NP})"):
+        fitted = estimator.fit(df)
+    places = noted_places("estimator", _jobs.saved(tmp_path))
+    assert_spread(places, HOSTS, CORES)
+    assert fitted.getHistory()[-1]["val_accuracy"] > 0.8, fitted.getHistory()
+
+    with timed("spark: estimator transform"):
+        out = fitted.transform(df.repartition(NP))  # partitions on both hosts' executors
+        rows = out.select("features", "label", "label__output").collect()
+    assert len(rows) == 1200
+    outputs = torch.tensor([r["label__output"] for r in rows])
+    labels = torch.tensor([r["label"] for r in rows])
+    assert (outputs.argmax(1) == labels).float().mean() > 0.8
+    with torch.no_grad():
+        here = fitted.getModel()(torch.tensor([r["features"] for r in rows], dtype=torch.float32))
+    assert torch.allclose(outputs, here, atol=1e-5), (outputs - here).abs().max()
+
+
+def test_mirrored_strategy_runner_spans_hosts_in_tf_config(spark_cluster: Cluster, tmp_path):
+    """Each rank's TF_CONFIG names 4 workers, 2 at each host's address, its own at index = rank;
+    a MultiWorkerMirroredStrategy custom-loop step averages all 4 workers' updates."""
+    from hora.spark import MirroredStrategyRunner
+
+    runner = MirroredStrategyRunner(num_slots=NP, local_mode=False, use_gpu=False)
+    with timed(f"spark: MirroredStrategyRunner, {_jobs.MWMS_STEPS} MWMS steps (np={NP})"):
+        first = runner.run(_jobs.mwms_steps, folder=str(tmp_path))
+    seen = _jobs.saved(tmp_path)
+    places = noted_places("MirroredStrategyRunner", seen)
+    assert_spread(places, HOSTS, CORES)
+    assert first == seen[0]
+    table = placement_table(places)
+    workers = seen[0]["tf_config"]["cluster"]["worker"]
+    note(f"spark MirroredStrategyRunner workers: {workers}")
+    assert len(set(workers)) == NP, workers
+    addresses = {h.address for h in spark_cluster.hosts}
+    assert {w.rsplit(":", 1)[0] for w in workers} == addresses, (workers, table)
+    want_w = _jobs.mwms_expected_w(NP)
+    for s, place in zip(seen, places, strict=True):
+        config = s["tf_config"]
+        assert config["cluster"]["worker"] == workers, table
+        assert config["task"] == {"type": "worker", "index": place["RANK"]}, table
+        mine = workers[place["RANK"]].rsplit(":", 1)[0]
+        assert mine == spark_cluster.host(place["host"]).address, (workers, table)
+        assert s["mwms"] and s["replicas"] == NP, s
+        assert s["index_sums"] == [sum(range(NP))] * _jobs.MWMS_STEPS, s
+        assert s["w"] == pytest.approx(want_w, rel=1e-6), (s["w"], want_w)
+
+
+ZERO2 = {
+    "train_micro_batch_size_per_gpu": 8,
+    "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},  # nothing to build
+    "zero_optimization": {"stage": 2},
+}
+DRIVERS_NINJA = os.path.dirname(shutil.which("ninja") or "") or None
+
+
+def test_deepspeed_zero2_across_hosts_trains_as_one_process(spark_cluster, tmp_path):
+    """ZeRO-2 on 4 ranks (micro-batch 8 each) over both hosts: each step's mean loss over the
+    ranks is the loss of one process whose micro-batch is the 4 ranks' 32 rows."""
+    from hora.spark import DeepspeedTorchDistributor
+
+    spread, alone = tmp_path / "spread", tmp_path / "alone"
+    spread.mkdir()
+    alone.mkdir()
+    with timed(f"spark: DeepSpeed ZeRO-2 (np={NP})"):
+        DeepspeedTorchDistributor(
+            numGpus=CORES, nnodes=HOSTS, localMode=False, useGpu=False, deepspeedConfig=ZERO2
+        ).run(_jobs.deepspeed_losses, str(spread), DRIVERS_NINJA)
+    seen = _jobs.saved(spread)
+    places = noted_places("DeepSpeed ZeRO-2", seen)
+    assert_spread(places, HOSTS, CORES)
+    assert all(s["world"] == NP and s["stage"] == 2 for s in seen), seen
+    assert [s["local_rank"] for s in seen] == [p["LOCAL_RANK"] for p in places]
+
+    one = {**ZERO2, "train_micro_batch_size_per_gpu": 8 * NP}
+    runner = DeepspeedTorchDistributor(numGpus=1, localMode=True, useGpu=False, deepspeedConfig=one)
+    with timed("local: DeepSpeed ZeRO-2, one process"):
+        runner.run(_jobs.deepspeed_losses, str(alone), DRIVERS_NINJA)
+    (reference,) = _jobs.saved(alone)
+    mean = torch.tensor([s["losses"] for s in seen]).mean(0)
+    want = torch.tensor(reference["losses"])
+    assert torch.allclose(mean, want, rtol=1e-4, atol=1e-5), (mean, want)
+    assert want[-1] < want[0]

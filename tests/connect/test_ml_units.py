@@ -30,19 +30,6 @@ def _model(**kwargs) -> TorchModel:
     return TorchModel(**settings)
 
 
-def _estimator(store: str, **kwargs) -> TorchEstimator:
-    net = _data.mlp()
-    return TorchEstimator(
-        model=net,
-        optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
-        loss=nn.functional.cross_entropy,
-        feature_cols=["features"],
-        label_cols=["label"],
-        store=store,
-        **kwargs,
-    )
-
-
 def _digits(rows: int = 40):
     x, y = _data.digits_rows(limit=rows)
     frame = pd.DataFrame(np.array(x), columns=[f"p{i}" for i in range(64)])
@@ -107,7 +94,7 @@ def test_save_to_local_and_load_from_local_keep_params_and_python_objects(tmp_pa
     for a, b in zip(loaded.getModel().parameters(), model.getModel().parameters(), strict=True):
         assert torch.equal(a, b)
 
-    estimator = _estimator(str(tmp_path / "store"), validation=0.2)
+    estimator = _data.estimator(tmp_path / "store", validation=0.2)
     estimator.saveToLocal(str(tmp_path / "estimator"))
     restored = TorchEstimator.loadFromLocal(str(tmp_path / "estimator"))
     assert restored.getStore() == str(tmp_path / "store") and restored.getValidation() == 0.2
@@ -118,6 +105,6 @@ def test_save_to_local_and_load_from_local_keep_params_and_python_objects(tmp_pa
 def test_fitting_a_pandas_dataframe_without_a_spark_session_says_what_it_needs(tmp_path):
     if active_session() is not None:
         pytest.skip("a Spark session is active in this process")
-    estimator = _estimator(str(tmp_path))
+    estimator = _data.estimator(tmp_path)
     with pytest.raises(ValueError, match="needs an active SparkSession"):
         estimator.fit(_digits(5))

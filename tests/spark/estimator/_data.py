@@ -6,8 +6,13 @@ TorchModel.transform can unpickle them without importing the tests.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import torch
 from torch import nn
+
+from hora.spark import TorchEstimator
 
 
 def digits_rows(limit: int | None = None) -> tuple[list[list[float]], list[int]]:
@@ -50,6 +55,25 @@ def mlp(seed: int = 0, dropout: float = 0.0) -> nn.Module:
     return nn.Sequential(
         nn.Linear(64, 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(32, 10)
     )  # fmt: skip
+
+
+def estimator(root: str | os.PathLike[str], **kwargs: Any) -> TorchEstimator:
+    """A TorchEstimator of `mlp` on the digits' `features` and `label`, its store at `root`;
+    `kwargs` override any setting (`store` too)."""
+    model = kwargs.pop("model", None) or mlp()
+    settings = {
+        "model": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        "loss": nn.functional.cross_entropy,
+        "feature_cols": ["features"],
+        "label_cols": ["label"],
+        "batch_size": 32,
+        "epochs": 2,
+        "store": str(root),
+        "num_proc": 2,
+        "random_seed": 7,
+    }
+    return TorchEstimator(**settings | kwargs)
 
 
 def accuracy(output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:

@@ -35,24 +35,6 @@ def spark():
     stop_spark(session)
 
 
-def _estimator(root, **kwargs) -> TorchEstimator:
-    model = kwargs.pop("model", None) or _data.mlp()
-    settings = {
-        "model": model,
-        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-        "loss": nn.functional.cross_entropy,
-        "feature_cols": ["features"],
-        "label_cols": ["label"],
-        "batch_size": 32,
-        "epochs": 2,
-        "store": str(root),
-        "num_proc": 2,
-        "random_seed": 7,
-    }
-    settings.update(kwargs)
-    return TorchEstimator(**settings)
-
-
 def test_pipeline_fit_transform_save_load_events_and_mlflow(spark, tmp_path, capfd, monkeypatch):
     import mlflow
     from pyspark.ml import Pipeline, PipelineModel
@@ -62,7 +44,7 @@ def test_pipeline_fit_transform_save_load_events_and_mlflow(spark, tmp_path, cap
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     df, pixels = _data.digits_as_columns(spark, limit=1000)
-    estimator = _estimator(
+    estimator = _data.estimator(
         tmp_path / "store",
         epochs=3,
         validation=0.2,
@@ -156,7 +138,7 @@ def test_array_features_validation_column_callbacks_and_vector_output(spark, tmp
     df = _data.digits_as_array(spark, limit=600)
     record = tmp_path / "record"
     record.mkdir()
-    estimator = _estimator(
+    estimator = _data.estimator(
         tmp_path / "store",
         validation="is_val",
         callbacks=[_data.Record(str(record))],
@@ -186,7 +168,7 @@ def test_true_resume_is_bitwise_equal_to_an_uninterrupted_run(spark, tmp_path, c
     df = _data.digits_as_array(spark, limit=400)
 
     def estimator(run_id, callbacks=None):
-        return _estimator(
+        return _data.estimator(
             tmp_path / "store",
             model=_data.mlp(seed=3, dropout=0.2),  # dropout: the RNG states must be restored
             epochs=4,
@@ -234,15 +216,15 @@ def test_bad_inputs_fail_on_the_driver_before_any_rank_starts(spark, tmp_path, c
     named = df.withColumn("name", df.label.cast("string"))
     for change, message in cases:
         with pytest.raises(ValueError, match=message):
-            _estimator(store, **change).fit(named)
+            _data.estimator(store, **change).fit(named)
 
     with pytest.raises(ValueError, match="the DataFrame is empty"):
-        _estimator(store).fit(df.limit(0))
+        _data.estimator(store).fit(df.limit(0))
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with pytest.raises(ValueError, match="cannot be written"):
-        _estimator(blocker / "store").fit(df)
+        _data.estimator(blocker / "store").fit(df)
 
     # a run_id whose checkpoint was written for another model
     from hora.checkpoint import Checkpoint
@@ -252,7 +234,7 @@ def test_bad_inputs_fail_on_the_driver_before_any_rank_starts(spark, tmp_path, c
         {"model": other.state_dict(), "epoch": 1, "history": [], "seed": 1}, 1
     )
     with pytest.raises(ValueError, match=r"run_id 'other' has a checkpoint .* does not fit"):
-        _estimator(store, run_id="other").fit(df)
+        _data.estimator(store, run_id="other").fit(df)
 
     with pytest.raises(TypeError, match="unknown argument"):
         TorchEstimator(modle=_data.mlp())
