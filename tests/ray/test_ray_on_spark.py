@@ -38,8 +38,15 @@ def allreduce() -> tuple[str, float]:
 
 @pytest.fixture(scope="module")
 def ray_on_spark(monkeypatch_module):
-    from ray.util.spark import setup_ray_cluster, shutdown_ray_cluster
+    # Ray on Spark sleeps fixed times meant for a cloud cluster's first start: 20 s for its head,
+    # 30 s for the background Spark job, 10 s between two worker nodes of one machine (the
+    # executors read theirs from the environment they inherit). Shortened, not skipped.
+    monkeypatch_module.setenv("RAY_ON_SPARK_BACKGROUND_JOB_STARTUP_WAIT", "5")
+    monkeypatch_module.setenv("RAY_ON_SPARK_RAY_WORKER_NODE_STARTUP_INTERVAL", "2")
+    from ray.util.spark import cluster_init, setup_ray_cluster, shutdown_ray_cluster
 
+    monkeypatch_module.setattr(cluster_init, "_RAY_HEAD_STARTUP_TIMEOUT", 8)
+    monkeypatch_module.setattr(cluster_init, "_BACKGROUND_JOB_STARTUP_WAIT", 5)
     # Ray on Spark starts its nodes with the `ray` command: the one of this interpreter.
     monkeypatch_module.setenv(
         "PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
