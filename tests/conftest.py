@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._procs import pids_with_env
+
 TAG = "HORA_TEST_SESSION"
 os.environ[TAG] = uuid.uuid4().hex
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -28,21 +30,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 def tagged_processes() -> list[int]:
     """PIDs of live processes (not zombies) started under this test session's tag."""
-    needle = f"{TAG}={os.environ[TAG]}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read()
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in environ.split(b"\0") and state != b"Z":
-            found.append(int(entry))
-    return found
+    return pids_with_env(TAG, os.environ[TAG], zombies=False)
 
 
 def worker_processes() -> list[int]:

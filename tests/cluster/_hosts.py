@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from tests._procs import pids_with_env
+
 TAG = "HORA_TEST_CLUSTER"
 STATE_ROOT = Path(tempfile.gettempdir()) / "hora-cluster"
 SLOTS = 8
@@ -140,18 +142,7 @@ def _subnet_user(slot: Slot) -> str | None:
 
 def tagged_pids(prefix: str) -> list[int]:
     """Live processes whose environment carries this slot's tag."""
-    needle = f"{TAG}={prefix}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    return pids_with_env(TAG, prefix)
 
 
 def kill_all(pids: Sequence[int], grace: float = KILL_GRACE_SECONDS) -> None:
