@@ -94,20 +94,14 @@ def train(
     executor it runs under, "kill_host" asks the test to make its host vanish."""
     import hora.torch as hvd
     from hora.checkpoint import Checkpoint
+    from tests.restart._cases import resume
 
     hvd.init()
     rank = hvd.rank()
     model = _model()
     opt = hvd.DistributedOptimizer(_optimizer(model), named_parameters=model.named_parameters())
     ckpt = Checkpoint(os.path.join(folder, "checkpoints"), keep=2) if folder else None
-    found = ckpt.load_and_broadcast() if ckpt else None
-    start = 0
-    if found is not None:
-        model.load_state_dict(found.state["model"])
-        opt.load_state_dict(found.state["optimizer"])
-        start = found.step + 1
-    else:
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    start = resume(ckpt, model, opt, hvd)
     for step in range(start, STEPS):
         x, y = _batch(step, rank)
         opt.zero_grad()

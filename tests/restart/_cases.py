@@ -28,6 +28,18 @@ def attempt() -> int:
     return int(os.environ["HORA_RESTART_COUNT"])
 
 
+def resume(ckpt: Any, model: Any, opt: Any, hvd: Any) -> int:
+    """The first step this attempt trains: after the last checkpoint of `ckpt` (model and
+    optimizer loaded on every rank), else 0, with rank 0's parameters broadcast."""
+    found = ckpt.load_and_broadcast() if ckpt is not None else None
+    if found is None:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return 0
+    model.load_state_dict(found.state["model"])
+    opt.load_state_dict(found.state["optimizer"])
+    return int(found.step) + 1
+
+
 def _fail(how: str) -> None:
     if how == "sigkill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -71,14 +83,7 @@ def train(folder: str, fail_step: int | None = None, how: str = "sigkill") -> di
         named_parameters=model.named_parameters(),
     )
     ckpt = Checkpoint(os.path.join(folder, "checkpoints"), keep=2)
-    found = ckpt.load_and_broadcast()
-    start = 0
-    if found is not None:
-        model.load_state_dict(found.state["model"])
-        opt.load_state_dict(found.state["optimizer"])
-        start = found.step + 1
-    else:
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    start = resume(ckpt, model, opt, hvd)
     hora.log_to_driver(f"rank {rank}: attempt {attempt()} starts at step {start}")
     log = Path(folder, "steps.txt")
     for step in range(start, EPOCHS * STEPS_PER_EPOCH):
