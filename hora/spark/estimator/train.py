@@ -252,15 +252,11 @@ def _train_epoch(
         loss, outputs = step_loss(_Job(model, job), inputs, labels)
         loss.backward()
         optimizer.step()
-        rows = len(labels[0])
         with torch.no_grad():
-            values = [loss.item(), *metric_values(job.metrics, outputs, labels)]
-        sums += torch.tensor([rows, *(v * rows for v in values)], dtype=torch.float64)
+            sums += _weighted_row(job, loss, outputs, labels)
     totals = hvd.allreduce(sums, op=hvd.Sum, name=f"estimator.train.{epoch}")
     all_rows = totals[0].item()
-    logs = {"loss": totals[1].item() / all_rows}
-    logs.update({n: totals[2 + i].item() / all_rows for i, n in enumerate(names)})
-    return logs, all_rows
+    return _means(totals, names, all_rows, prefix=""), all_rows
 
 
 def _evaluate(
@@ -282,11 +278,22 @@ def _evaluate(
         for batch in batches.all():
             inputs, labels = batch[:n_in], batch[n_in:]
             loss, outputs = step_loss(_Job(model, job), inputs, labels)
-            rows = len(labels[0])
-            values = [loss.item(), *metric_values(job.metrics, outputs, labels)]
-            sums += torch.tensor([rows, *(v * rows for v in values)], dtype=torch.float64)
+            sums += _weighted_row(job, loss, outputs, labels)
     totals = hvd.allreduce(sums, op=hvd.Sum, name=f"estimator.validation.{epoch}")
-    rows = max(totals[0].item(), 1.0)
-    out = {"val_loss": totals[1].item() / rows}
-    out.update({f"val_{n}": totals[2 + i].item() / rows for i, n in enumerate(names)})
-    return out
+    return _means(totals, names, max(totals[0].item(), 1.0), prefix="val_")
+
+
+def _weighted_row(job: TrainJob, loss: Any, outputs: Any, labels: list[Any]) -> Any:
+    """[rows, loss * rows, metric * rows, ...] of one batch: what an epoch's sums add up."""
+    import torch
+
+    rows = len(labels[0])
+    values = [loss.item(), *metric_values(job.metrics, outputs, labels)]
+    return torch.tensor([rows, *(v * rows for v in values)], dtype=torch.float64)
+
+
+def _means(totals: Any, names: list[str], rows: float, prefix: str) -> dict[str, float]:
+    """The loss and each metric per row, from every rank's summed `_weighted_row`s."""
+    means = {f"{prefix}loss": totals[1].item() / rows}
+    means.update({f"{prefix}{n}": totals[2 + i].item() / rows for i, n in enumerate(names)})
+    return means
