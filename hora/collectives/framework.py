@@ -105,9 +105,7 @@ def submit_allgather(
     tensors: Tensors, name: str | None, process_set: ProcessSet, grouped: bool
 ) -> int:
     """Start an allgather of `tensors` (a list out when `grouped`)."""
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.dim() == 0:
-            raise ValueError("allgather needs tensors of at least one dimension")
+    _need_dimensions(tensors, "allgather")
     return submit(
         ALLGATHER,
         tensors,
@@ -117,6 +115,13 @@ def submit_allgather(
         finish=list if grouped else first,
         grouped=grouped,
     )
+
+
+def _need_dimensions(tensors: Tensors, what: str) -> None:
+    """Scalars have no first dimension to gather or scatter along."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dim() == 0:
+            raise ValueError(f"{what} needs tensors of at least one dimension")
 
 
 def submit_broadcast(
@@ -173,9 +178,7 @@ def submit_reducescatter(
         raise NotImplementedError("Adasum is not implemented in hora.torch")
     if op not in (Average, Sum):
         raise ValueError("reducescatter supports only op=Average and op=Sum")
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.dim() == 0:
-            raise ValueError("reducescatter needs tensors of at least one dimension")
+    _need_dimensions(tensors, "reducescatter")
     return submit(
         REDUCESCATTER,
         tensors,
