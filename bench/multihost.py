@@ -93,7 +93,7 @@ def worker(
     import torch.distributed as dist
 
     import hora.torch as hvd
-    from hora.collectives import _state
+    from hora.collectives._control import state as _state
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -33,7 +33,9 @@ their public face here is this package's `__all__` (Horovod's calls), `framework
 
 # ruff: noqa: F405 - the names of __all__ come from the star imports
 from hora.collectives._basics import *  # noqa: F403 - listed in _basics.__all__
-from hora.collectives._state import in_flight as in_flight  # not Horovod's: kept out of __all__
+from hora.collectives._control.state import (
+    in_flight as in_flight,  # not Horovod's: kept out of __all__
+)
 from hora.collectives.ops import *  # noqa: F403 - listed in ops.__all__
 
 # Listed name by name, not computed from the lists of the modules star-imported above, so that

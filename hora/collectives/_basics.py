@@ -19,19 +19,21 @@ import torch
 import torch.distributed as dist
 
 from hora import environment, timeline
-from hora.collectives import _channel, _hierarchy, _shm, _state
-from hora.collectives._backends import GroupInfo
 from hora.collectives._common import NOT_INITIALIZED
-from hora.collectives._engine import Engine, EngineConfig
-from hora.collectives._messages import ProcessSetChange
-from hora.collectives._process_sets import (
+from hora.collectives._control import channel
+from hora.collectives._control import state as _state
+from hora.collectives._control.loop import Engine, EngineConfig
+from hora.collectives._control.process_sets import (
     ProcessSet,
     destroy_groups,
     global_process_set,
     make_groups,
     register,
 )
-from hora.collectives._stall import StallSettings
+from hora.collectives._control.stall import StallSettings
+from hora.collectives._data import hierarchy, shm
+from hora.collectives._data.transports import GroupInfo
+from hora.collectives._messages import ProcessSetChange
 from hora.collectives.ops import barrier
 from hora.environment import placements
 from hora.wire import link
@@ -176,42 +178,42 @@ def _start_engine(
     )
     if size == 1:
         return Engine(config, groups, {}, None)
-    token = _channel.new_token()
+    token = channel.new_token()
     server = None
     address = ""
     mode = ""
     store_key = f"hora.torch/negotiation/{token.hex()}"
     store = _default_store()
     if rank == 0:
-        server, address = _channel.listen(_channel.local_address(_master_addr(store)))
+        server, address = channel.listen(channel.local_address(_master_addr(store)))
         if link.current() is not None:
             mode = "launcher"
         elif store is not None:
             mode = "store"
-            store.set(store_key, _channel.new_key())
+            store.set(store_key, channel.new_key())
         else:  # pragma: no cover - torch.distributed always has a default store once initialised
             raise RuntimeError("hora.torch.init(): torch.distributed has no store to share a key")
     box: list[Any] = [address, token, mode]
     dist.broadcast_object_list(box, src=0, group=world.gloo)
     address, token, mode = box
     store_key = f"hora.torch/negotiation/{token.hex()}"
-    key = _channel.channel_key(_negotiation_key(mode, store, store_key), token)
+    key = channel.channel_key(_negotiation_key(mode, store, store_key), token)
     if rank == 0:
         assert server is not None
         try:
-            peers = _channel.accept_workers(server, size - 1, key, config.timeout_s)
+            peers = channel.accept_workers(server, size - 1, key, config.timeout_s)
         finally:
             if mode == "store":
                 with contextlib.suppress(Exception):
                     store.delete_key(store_key)
         engine = Engine(config, groups, peers, None)
     else:
-        sock = _channel.connect(address, rank, key, config.timeout_s)
+        sock = channel.connect(address, rank, key, config.timeout_s)
         engine = Engine(config, groups, None, sock)
     if local[2] == size:  # one host
-        world.local = _shm.connect(rank, size, 0, token, key, world.gloo, config.timeout_s)
+        world.local = shm.connect(rank, size, 0, token, key, world.gloo, config.timeout_s)
     else:
-        world.hierarchy = _hierarchy.connect(rank, local, token, key, world.gloo, wait)
+        world.hierarchy = hierarchy.connect(rank, local, token, key, world.gloo, wait)
     return engine
 
 

@@ -1,11 +1,11 @@
 """The engine's messages: what a rank asks rank 0 for, what rank 0 decides, and the controls a
 caller's thread hands its own engine.
 
-On the negotiation star (`_channel`), one frame per round each way:
+On the negotiation star (`channel`), one frame per round each way:
 - a worker to rank 0: `(drops_applied, items)`, a plain tuple (a NamedTuple costs ~5 us more per
   frame to pickle and unpickle, and a frame per operation is the common case), where
   `drops_applied` counts the `CacheDrop`s the worker has applied and each item is a `Request`, a
-  response-cache id (a bare int standing for a request, see `_cache`), `Join`, `Stop`, or
+  response-cache id (a bare int standing for a request, see `cache`), `Join`, `Stop`, or
   `Shutdown` (that rank's engine failed);
 - rank 0 to every rank: a list of `Bucket`, `Failure`, `JoinDone`, `CacheDrop` and `Shutdown`.
 `ProcessSetChange` only ever travels through a rank's own queue.
@@ -70,7 +70,7 @@ class Bucket(NamedTuple):
     """Operations run together: one fused backend call (per dtype) when `kind` is fusable.
 
     On the wire a cache hit travels as its bare id (`__reduce__`), which each worker turns back
-    into an entry (`_cache.expand`): pickling and unpickling a full entry cost ~15 us per
+    into an entry (`cache.expand`): pickling and unpickling a full entry cost ~15 us per
     operation.
     """
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from hora.collectives import _state
 from hora.collectives._common import (
     OP_NAMES,
     Adasum,
@@ -24,10 +23,11 @@ from hora.collectives._common import (
     HostsUpdatedInterrupt,
     Sum,
 )
+from hora.collectives._control import state as _state
+from hora.collectives._control.process_sets import ProcessSet
+from hora.collectives._control.requests import Tensors, alltoall_splits, first, group_of, submit
+from hora.collectives._control.sparse import SparseHandle
 from hora.collectives._messages import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCESCATTER
-from hora.collectives._process_sets import ProcessSet
-from hora.collectives._requests import Tensors, alltoall_splits, first, group_of, submit
-from hora.collectives._sparse import SparseHandle
 
 __all__ = [
     "ALLGATHER",

@@ -11,7 +11,7 @@ import cloudpickle
 import torch
 
 from hora.collectives._basics import rank
-from hora.collectives._process_sets import ProcessSet, global_process_set
+from hora.collectives._control.process_sets import ProcessSet, global_process_set
 from hora.collectives.ops import allgather_async, broadcast_, synchronize
 
 __all__ = ["allgather_object", "broadcast_object"]

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from hora.collectives import _sparse, _state
 from hora.collectives._common import (
     Adasum,
     Average,
@@ -22,11 +21,13 @@ from hora.collectives._common import (
     Product,
     Sum,
 )
+from hora.collectives._control import sparse as _sparse
+from hora.collectives._control import state as _state
+from hora.collectives._control.process_sets import ProcessSet, global_process_set
+from hora.collectives._control.requests import Tensors, first, submit
+from hora.collectives._control.sparse import SparseHandle
+from hora.collectives._control.submissions import LocalOp, Op
 from hora.collectives._messages import BARRIER
-from hora.collectives._process_sets import ProcessSet, global_process_set
-from hora.collectives._queue import LocalOp, Op
-from hora.collectives._requests import Tensors, first, submit
-from hora.collectives._sparse import SparseHandle
 from hora.collectives.framework import (
     resolve_op,
     submit_allgather,

@@ -115,7 +115,9 @@ class Monitor:
         self.failures: dict[int, Failure] = {}
         self.tails: dict[int, deque[str]] = {r: deque(maxlen=TAIL_LINES) for r in range(np)}
         self.stopping = False
-        self.stall: str | None = None  # rank 0's standing stall warning (hora.collectives._stall)
+        self.stall: str | None = (
+            None  # rank 0's standing stall warning (hora.collectives._control.stall)
+        )
         self.stuck: tuple[int, ...] = ()  # the ranks that warning waits for
         self.connections: dict[int, Connection] = {}  # each started rank's channel
         self.dump: StackRequest | None = None  # asked when the run is stopped: in its story

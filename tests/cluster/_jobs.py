@@ -39,7 +39,8 @@ def conformance() -> dict[str, Any]:
     1 MiB allreduce went through shared memory for the ranks of this host (the hierarchical
     path), and the hosts that path grouped the ranks into."""
     import hora.torch as hvd
-    from hora.collectives import _backends, _state
+    from hora.collectives._control import state as _state
+    from hora.collectives._data import transports as _backends
     from tests.collectives import _cases
 
     hvd.init()

@@ -18,8 +18,10 @@ from collections.abc import Callable
 import torch
 
 import hora.torch as hvd
-from hora.collectives import _backends, _shm, _state
-from hora.collectives._dtypes import as_bytes
+from hora.collectives._control import state as _state
+from hora.collectives._data import shm as _shm
+from hora.collectives._data import transports as _backends
+from hora.collectives._data.dtypes import as_bytes
 
 CASES: dict[str, Callable[[int, int], None]] = {}
 
@@ -737,7 +739,7 @@ def fusion_buffer_in_place(r: int, n: int) -> None:
     """In-place fused allreduces go through one persistent buffer and views made once per
     layout: repeated and changing layouts, mixed dtypes and shapes stay exact, and an earlier
     out-of-place result (a view of a fresh buffer) is not touched by later batches."""
-    from hora.collectives import _state
+    from hora.collectives._control import state as _state
 
     total = float(sum(range(n)))
     kept = hvd.grouped_allreduce([torch.full((8,), float(r)) for _ in range(3)], op=hvd.Sum)
@@ -769,7 +771,7 @@ def fusion_buffer_in_place(r: int, n: int) -> None:
 def a_name_reused_with_other_tensors(r: int, n: int) -> None:
     """One name submitted step after step: the same request object travels each time (made
     once), and the same name with another shape, dtype or op is a request of its own, exact."""
-    from hora.collectives import _requests
+    from hora.collectives._control import requests as _requests
 
     total = float(sum(range(n)))
     for step in range(6):

@@ -11,7 +11,7 @@ import struct
 import torch
 
 import hora.torch as hvd
-from hora.collectives import _channel
+from hora.collectives._control import channel as _channel
 from hora.wire import link
 
 

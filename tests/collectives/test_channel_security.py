@@ -12,7 +12,8 @@ import threading
 import pytest
 
 import hora
-from hora.collectives import _channel, _messages
+from hora.collectives import _messages
+from hora.collectives._control import channel as _channel
 from hora.collectives._messages import (
     JOIN,
     STOP,

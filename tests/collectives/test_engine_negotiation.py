@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from hora.collectives._common import Max, Sum
+from hora.collectives._control.negotiation import Coordinator
 from hora.collectives._messages import (
     ALLGATHER,
     ALLREDUCE,
@@ -14,7 +15,6 @@ from hora.collectives._messages import (
     JoinDone,
     Request,
 )
-from hora.collectives._negotiation import Coordinator
 
 
 def req(name: str, kind: str = ALLREDUCE, shape=(4,), dtype="float32", **kw) -> Request:

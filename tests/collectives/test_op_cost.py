@@ -8,11 +8,11 @@ import math
 import pickle
 
 import hora
-from hora.collectives import _channel
-from hora.collectives._cache import expand
+from hora.collectives._control import channel as _channel
+from hora.collectives._control.cache import expand
+from hora.collectives._control.negotiation import Coordinator
+from hora.collectives._control.submissions import GATHER_CYCLES, SubmissionQueue
 from hora.collectives._messages import ALLGATHER, ALLREDUCE, Bucket, Entry, Request
-from hora.collectives._negotiation import Coordinator
-from hora.collectives._queue import GATHER_CYCLES, SubmissionQueue
 
 
 def req(name: str, kind: str = ALLREDUCE, shape=(4,)) -> Request:
@@ -123,7 +123,8 @@ def _batches_job() -> dict[str, object]:
     import torch
 
     import hora.torch as hvd
-    from hora.collectives import _backends, _state
+    from hora.collectives._control import state as _state
+    from hora.collectives._data import transports as _backends
 
     hvd.init()
     r, n = hvd.rank(), hvd.size()

@@ -9,8 +9,8 @@ import time
 import pytest
 
 import hora
+from hora.collectives._control.negotiation import Coordinator
 from hora.collectives._messages import ALLREDUCE, Bucket, CacheDrop, Failure, Request
-from hora.collectives._negotiation import Coordinator
 
 
 def req(name: str, shape=(4,), **kw) -> Request:
@@ -147,7 +147,7 @@ def _ranks_job() -> dict[str, object]:
     import torch
 
     import hora.torch as hvd
-    from hora.collectives import _state
+    from hora.collectives._control import state as _state
 
     hvd.init()
     r, n = hvd.rank(), hvd.size()
@@ -204,7 +204,7 @@ def _repeated_rounds_job() -> dict[str, object]:
     import torch
 
     import hora.torch as hvd
-    from hora.collectives import _state
+    from hora.collectives._control import state as _state
 
     hvd.init()
     r, n = hvd.rank(), hvd.size()

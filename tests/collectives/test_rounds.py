@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from hora.collectives._backends import GroupInfo
 from hora.collectives._common import SHUT_DOWN, HorovodInternalError
-from hora.collectives._coordinator_round import CoordinatorRound
+from hora.collectives._control.coordinator_round import CoordinatorRound
+from hora.collectives._control.negotiation import Coordinator
+from hora.collectives._control.responses import ResponseHandler
+from hora.collectives._control.stall import StallInspector, StallSettings
+from hora.collectives._control.submissions import LocalOp, Op, SubmissionQueue
+from hora.collectives._control.worker_round import WorkerRound
+from hora.collectives._data.transports import GroupInfo
 from hora.collectives._messages import BARRIER, STOP, ProcessSetChange, Request
-from hora.collectives._negotiation import Coordinator
-from hora.collectives._queue import LocalOp, Op, SubmissionQueue
-from hora.collectives._responses import ResponseHandler
-from hora.collectives._stall import StallInspector, StallSettings
-from hora.collectives._worker_round import WorkerRound
 
 WAIT_S = 5.0  # for a frame already sent by the other side
 

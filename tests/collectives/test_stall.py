@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import hora
+from hora.collectives._control.negotiation import Coordinator
+from hora.collectives._control.stall import MAX_NAMES, StallInspector, StallSettings
 from hora.collectives._messages import ALLREDUCE, Request
-from hora.collectives._negotiation import Coordinator
-from hora.collectives._stall import MAX_NAMES, StallInspector, StallSettings
 from hora.errors import RunTimeoutError, WorkerFailedError
 from tests.collectives import _stall_cases
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import math
 
-from hora.collectives import _channel
-from hora.collectives._cache import WorkerCache
+from hora.collectives._control import channel as _channel
+from hora.collectives._control.cache import WorkerCache
+from hora.collectives._control.negotiation import Coordinator
 from hora.collectives._messages import ALLGATHER, ALLREDUCE, JOIN, Bucket, CacheDrop, Entry, Request
-from hora.collectives._negotiation import Coordinator
 
 
 def req(name: str, shape=(4,), kind: str = ALLREDUCE) -> Request:

@@ -15,7 +15,7 @@ def _pin_gpu() -> torch.device:
 
 def run_all_on_cuda() -> tuple[dict[str, str], dict[str, int]]:
     """The CPU conformance cases with every tensor they make on this rank's GPU."""
-    from hora.collectives import _backends
+    from hora.collectives._data import transports as _backends
     from tests.collectives import _cases
 
     torch.set_default_device(_pin_gpu())

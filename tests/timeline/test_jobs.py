@@ -30,7 +30,8 @@ def _no_timeline_vars(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def engine_marks_cycles() -> bool:
-    from hora.collectives import _coordinator_round, _worker_round
+    from hora.collectives._control import coordinator_round as _coordinator_round
+    from hora.collectives._control import worker_round as _worker_round
 
     rounds = (_coordinator_round, _worker_round)
     return all(".cycle()" in inspect.getsource(module) for module in rounds)

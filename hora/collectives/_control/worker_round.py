@@ -13,12 +13,12 @@ import socket
 import time
 from typing import Any
 
-from hora.collectives import _channel
-from hora.collectives._backends import GroupInfo
-from hora.collectives._cache import WorkerCache
+from hora.collectives._control import channel
+from hora.collectives._control.cache import WorkerCache
+from hora.collectives._control.responses import ResponseHandler
+from hora.collectives._control.submissions import SubmissionQueue
+from hora.collectives._data.transports import GroupInfo
 from hora.collectives._messages import Bucket, CacheDrop, ProcessSetChange, Request, Shutdown, Stop
-from hora.collectives._queue import SubmissionQueue
-from hora.collectives._responses import ResponseHandler
 from hora.timeline import hooks as _th
 
 STOPPING_WAKE_S = 0.5  # how often a stopping worker checks that rank 0 has acknowledged it
@@ -72,14 +72,14 @@ class WorkerRound:
 
     def tell_peers(self, reason: str) -> None:
         """This rank's engine failed: rank 0 stops every rank with `reason` (no orderly STOP)."""
-        _channel.send_msg(self._sock, (self.cache.drops_applied, [Shutdown(reason)]))
+        channel.send_msg(self._sock, (self.cache.drops_applied, [Shutdown(reason)]))
 
     def close(self) -> None:
         self._sock.close()
 
     def _receive(self) -> None:
         try:
-            responses = _channel.recv_msg(self._sock)
+            responses = channel.recv_msg(self._sock)
         except (ConnectionError, OSError) as exc:
             raise ConnectionError("lost the connection to rank 0 (coordinator)") from exc
         self._update_cache(responses)
@@ -115,7 +115,7 @@ class WorkerRound:
         if _th.recorder.enabled:
             _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
         cache = self.cache
-        _channel.send_msg(self._sock, (cache.drops_applied, cache.encode(self._unsent)))
+        channel.send_msg(self._sock, (cache.drops_applied, cache.encode(self._unsent)))
         if self._stop_unsent:
             self._stopping_since = now
             self._stop_unsent = False

@@ -13,13 +13,13 @@ from typing import Any
 
 import torch
 
-from hora.collectives import _state
-from hora.collectives._backends import GroupInfo
 from hora.collectives._common import Sum
-from hora.collectives._dtypes import dtype_name
+from hora.collectives._control import state as _state
+from hora.collectives._control.process_sets import ProcessSet
+from hora.collectives._control.submissions import LocalOp, Op
+from hora.collectives._data.dtypes import dtype_name
+from hora.collectives._data.transports import GroupInfo
 from hora.collectives._messages import Request
-from hora.collectives._process_sets import ProcessSet
-from hora.collectives._queue import LocalOp, Op
 
 Tensors = Sequence[torch.Tensor]
 

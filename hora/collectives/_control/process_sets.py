@@ -9,8 +9,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from hora.collectives import _state
-from hora.collectives._backends import GroupInfo
+from hora.collectives._control import state as _state
+from hora.collectives._data.transports import GroupInfo
 from hora.collectives._messages import ProcessSetChange
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hora.collectives._negotiation import Coordinator
+from hora.collectives._control.negotiation import Coordinator
 from hora.wire import link
 from hora.wire.protocol import Stall
 

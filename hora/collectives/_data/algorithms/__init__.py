@@ -1,5 +1,5 @@
 """The per-operation algorithms (Horovod's `ops/*_operations.cc`): how one negotiated bucket of
-each kind is packed, moved through a backend (`_backends`) and handed back.
+each kind is packed, moved through a backend (`transports`) and handed back.
 
 Each module's `run(bucket, ops, info, device)` runs one bucket on this rank; `ops[i]` is what this
 rank submitted for the bucket's i-th entry (None when it joined: it contributes zeros), and the
@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from hora.collectives._dtypes import dtype_from_name
+from hora.collectives._control.submissions import LocalOp
+from hora.collectives._data.dtypes import dtype_from_name
 from hora.collectives._messages import Bucket, Request
-from hora.collectives._queue import LocalOp
 
 
 def device_of(device: str) -> torch.device:

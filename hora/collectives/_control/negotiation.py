@@ -3,16 +3,18 @@
 Rank 0 runs a `Coordinator` (pure logic, no I/O): every rank's requests arrive as they are
 submitted, keyed by (process set, name), so the order of submission does not matter. When every
 member of the process set (less the ranks that called `join`) has submitted a name, the requests
-are validated against each other (`_validation`); the ready ones are cut into fusion buckets
-(`_planning`) and sent to every rank, which then all run the same backend calls in the same order.
-Requests every rank agreed on are remembered in the response cache (`_cache`).
+are validated against each other (`validation`); the ready ones are cut into fusion buckets
+(`planning`) and sent to every rank, which then all run the same backend calls in the same order.
+Requests every rank agreed on are remembered in the response cache (`cache`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from hora.collectives._cache import CoordinatorCache
+from hora.collectives._control.cache import CoordinatorCache
+from hora.collectives._control.planning import Ready, plan
+from hora.collectives._control.validation import join_refusal, validate
 from hora.collectives._messages import (
     Bucket,
     Failure,
@@ -20,8 +22,6 @@ from hora.collectives._messages import (
     Request,
     Response,
 )
-from hora.collectives._planning import Ready, plan
-from hora.collectives._validation import join_refusal, validate
 
 _NONAME = ".noname."  # in the names the engine generates for unnamed operations
 

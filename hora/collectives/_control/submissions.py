@@ -43,7 +43,7 @@ class Op:
     No `threading.Event` per operation (creating and setting one cost ~3 us + ~2 us, 200 small
     tensors per step pay it 200 times): `done` is a plain flag, and a waiter creates `event`
     only when it must block. A completer sets `done` before reading `event` (`complete`, or
-    inline where a bucket's operations complete together, `_responses`); the waiter publishes
+    inline where a bucket's operations complete together, `responses`); the waiter publishes
     `event` before re-reading `done`, so one of them always sees the other.
     """
 

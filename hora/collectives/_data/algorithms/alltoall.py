@@ -9,10 +9,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hora.collectives._backends import GroupInfo, collective
+from hora.collectives._control.submissions import LocalOp
+from hora.collectives._data.algorithms import row_bytes
+from hora.collectives._data.transports import GroupInfo, collective
 from hora.collectives._messages import ALLTOALL, Bucket
-from hora.collectives._queue import LocalOp
-from hora.collectives.algorithms import row_bytes
 
 
 def run(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import torch
 
-from hora.collectives._backends import GroupInfo, stats
+from hora.collectives._control.submissions import LocalOp
+from hora.collectives._data.algorithms import (
+    allgather,
+    allreduce,
+    alltoall,
+    broadcast,
+    reducescatter,
+    set_outputs,
+)
+from hora.collectives._data.transports import GroupInfo, stats
 from hora.collectives._messages import (
     ALLGATHER,
     ALLREDUCE,
@@ -19,15 +28,6 @@ from hora.collectives._messages import (
     BROADCAST,
     REDUCESCATTER,
     Bucket,
-)
-from hora.collectives._queue import LocalOp
-from hora.collectives.algorithms import (
-    allgather,
-    allreduce,
-    alltoall,
-    broadcast,
-    reducescatter,
-    set_outputs,
 )
 
 

@@ -13,13 +13,13 @@ import socket
 import time
 from typing import Any
 
-from hora.collectives import _channel
 from hora.collectives._common import SHUT_DOWN
+from hora.collectives._control import channel
+from hora.collectives._control.negotiation import Coordinator
+from hora.collectives._control.responses import ResponseHandler
+from hora.collectives._control.stall import StallInspector
+from hora.collectives._control.submissions import SubmissionQueue
 from hora.collectives._messages import Join, ProcessSetChange, Request, Shutdown, Stop
-from hora.collectives._negotiation import Coordinator
-from hora.collectives._queue import SubmissionQueue
-from hora.collectives._responses import ResponseHandler
-from hora.collectives._stall import StallInspector
 from hora.timeline import hooks as _th
 
 # How long rank 0 keeps a round of cache ids aside waiting for the other ranks' same round
@@ -69,9 +69,9 @@ class CoordinatorRound:
 
     def tell_peers(self, reason: str) -> None:
         """This rank's engine failed: every worker stops with `reason`."""
-        payload = _channel.pack([Shutdown(reason)])
+        payload = channel.pack([Shutdown(reason)])
         for peer in self._peers.values():
-            _channel.send_payload(peer, payload)
+            channel.send_payload(peer, payload)
 
     def close(self) -> None:
         for peer in self._peers.values():
@@ -85,7 +85,7 @@ class CoordinatorRound:
         """One worker's frame: `(drops_applied, items)`, see `_messages`."""
         rank = key.data
         try:
-            drops_applied, items = _channel.recv_msg(key.fileobj)  # type: ignore[arg-type]
+            drops_applied, items = channel.recv_msg(key.fileobj)  # type: ignore[arg-type]
         except (ConnectionError, OSError):
             self._sel.unregister(key.fileobj)
             self._peers.pop(rank, None)
@@ -136,10 +136,10 @@ class CoordinatorRound:
             responses.append(Shutdown(self._shutdown))
         if not responses:
             return
-        payload = _channel.pack(responses)
+        payload = channel.pack(responses)
         for peer in list(self._peers.values()):
             try:
-                _channel.send_payload(peer, payload)
+                channel.send_payload(peer, payload)
             except OSError:
                 self._stop(SHUT_DOWN)
         if self._handler.handle(responses):

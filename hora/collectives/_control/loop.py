@@ -30,17 +30,17 @@ from typing import Any
 
 import torch
 
-from hora.collectives import _channel
-from hora.collectives._backends import GroupInfo
-from hora.collectives._cache import capacity_from_env
 from hora.collectives._common import SHUT_DOWN
-from hora.collectives._coordinator_round import CoordinatorRound
+from hora.collectives._control import channel
+from hora.collectives._control.cache import capacity_from_env
+from hora.collectives._control.coordinator_round import CoordinatorRound
+from hora.collectives._control.negotiation import Coordinator
+from hora.collectives._control.responses import ResponseHandler
+from hora.collectives._control.stall import StallInspector, StallSettings
+from hora.collectives._control.submissions import Op, SubmissionQueue
+from hora.collectives._control.worker_round import WorkerRound
+from hora.collectives._data.transports import GroupInfo
 from hora.collectives._messages import STOP, ProcessSetChange
-from hora.collectives._negotiation import Coordinator
-from hora.collectives._queue import Op, SubmissionQueue
-from hora.collectives._responses import ResponseHandler
-from hora.collectives._stall import StallInspector, StallSettings
-from hora.collectives._worker_round import WorkerRound
 from hora.timeline import hooks as _th
 
 log = logging.getLogger("hora.torch")
@@ -105,7 +105,7 @@ class Engine:
         self._handles: dict[int, Op] = {}
         self._handle_ids = itertools.count()
         self._counters: dict[tuple[str, int], int] = {}
-        self._wake_r, self._wake_w = _channel.wake_pair()
+        self._wake_r, self._wake_w = channel.wake_pair()
         # The engine's rounds run under this lock, in the thread or in a blocked caller (see the
         # module's docstring); `_caller_drives` says which, `_running` ends them for good.
         self._drive = threading.Lock()

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from hora.collectives._common import NOT_INITIALIZED
 
 if TYPE_CHECKING:
-    from hora.collectives._backends import GroupInfo
-    from hora.collectives._engine import Engine
+    from hora.collectives._control.loop import Engine
+    from hora.collectives._data.transports import GroupInfo
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The hierarchical data path of a job on several hosts (Horovod's hierarchical allreduce and
-allgather): the ranks of a host meet through shared memory (`_shm`), and only what must cross
+allgather): the ranks of a host meet through shared memory (`shm`), and only what must cross
 the network goes through gloo, between hosts.
 
 With the same number of ranks on every host, every local rank works on its own slice, in
@@ -41,9 +41,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hora.collectives import _shm
-from hora.collectives._backends import REDUCE_OPS, all_gather_single
-from hora.collectives._dtypes import as_bytes, scale_
+from hora.collectives._data import shm
+from hora.collectives._data.dtypes import as_bytes, scale_
+from hora.collectives._data.transports import REDUCE_OPS, all_gather_single
 
 ALLREDUCE_VAR = "HOROVOD_HIERARCHICAL_ALLREDUCE"
 ALLGATHER_VAR = "HOROVOD_HIERARCHICAL_ALLGATHER"  # broadcast follows it too
@@ -79,7 +79,7 @@ class Hierarchy:
 
     def __init__(
         self,
-        local: _shm.LocalReducer,
+        local: shm.LocalReducer,
         cross: Any,
         hosts: list[list[int]],
         rank: int,
@@ -189,7 +189,7 @@ def connect(
     if not (allreduce or allgather):
         return None
     cross_rank, local_rank, local_size = local
-    reducer = _shm.connect(
+    reducer = shm.connect(
         local_rank, local_size, cross_rank, token, key, world, wait.total_seconds()
     )
     if reducer is None:

@@ -8,7 +8,7 @@ threshold in bytes. Alltoall, reducescatter and barrier always run alone.
 
 from __future__ import annotations
 
-from hora.collectives._cache import Signature
+from hora.collectives._control.cache import Signature
 from hora.collectives._messages import (
     ALLGATHER,
     ALLREDUCE,

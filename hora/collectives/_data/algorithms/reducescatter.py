@@ -8,12 +8,17 @@ from typing import Any
 
 import torch
 
-from hora.collectives._backends import REDUCE_OPS, GroupInfo, collective, reduce_scatter_single
 from hora.collectives._common import Average
-from hora.collectives._dtypes import cast_back_, reduce_dtype, scale_
+from hora.collectives._control.submissions import LocalOp
+from hora.collectives._data.algorithms import zeros_like_request
+from hora.collectives._data.dtypes import cast_back_, reduce_dtype, scale_
+from hora.collectives._data.transports import (
+    REDUCE_OPS,
+    GroupInfo,
+    collective,
+    reduce_scatter_single,
+)
 from hora.collectives._messages import REDUCESCATTER, Bucket, Request
-from hora.collectives._queue import LocalOp
-from hora.collectives.algorithms import zeros_like_request
 
 
 def run(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:

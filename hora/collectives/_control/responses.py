@@ -3,16 +3,16 @@ the data path and complete its operations, fail the ones that failed validation,
 or end the engine.
 
 Every rank applies the same responses in the same order, so the backend's order-matched
-collectives always meet. A worker has expanded the buckets' cache ids first (`_cache`).
+collectives always meet. A worker has expanded the buckets' cache ids first (`cache`).
 """
 
 from __future__ import annotations
 
-from hora.collectives._backends import GroupInfo
 from hora.collectives._common import CollectiveRefusedError, HorovodInternalError
-from hora.collectives._execute import run_bucket
+from hora.collectives._control.submissions import Op, SubmissionQueue
+from hora.collectives._data.execute import run_bucket
+from hora.collectives._data.transports import GroupInfo
 from hora.collectives._messages import Bucket, Failure, JoinDone, Response, Shutdown
-from hora.collectives._queue import Op, SubmissionQueue
 from hora.timeline import hooks as _th
 
 

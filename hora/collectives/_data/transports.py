@@ -1,8 +1,8 @@
 """The backends a bucket's data moves through, and which one serves a call.
 
-CPU allreduces of a set whose ranks share one host go through shared memory (`_shm`); those of
+CPU allreduces of a set whose ranks share one host go through shared memory (`shm`); those of
 the global set of a job on several hosts, and its allgathers and broadcasts, through the
-hierarchical path (`_hierarchy`: shared memory within each host, gloo across), where it is set
+hierarchical path (`hierarchy`: shared memory within each host, gloo across), where it is set
 up; gloo's TCP otherwise. CUDA tensors go through NCCL when every rank of the set has a GPU of its
 own; where ranks share a GPU (NCCL refuses that) or NCCL is missing, they go through gloo by way
 of host copies ("staged"), as Horovod built without NCCL does.
@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from hora.collectives._common import Average, Max, Min, Product, Sum
-from hora.collectives._dtypes import scale_
-from hora.collectives._fusion import FusionBuffer
+from hora.collectives._data.dtypes import scale_
+from hora.collectives._data.fusion import FusionBuffer
 from hora.collectives._messages import ALLGATHER, ALLREDUCE, BROADCAST
 from hora.timeline.hooks import begin_each, end_each
 
@@ -104,7 +104,7 @@ def collective(
 
 
 def shm_allreduce(names: list[str], run: Any, *args: Any) -> None:
-    """`run(*args)`, a shared-memory reduction (`_shm.LocalReducer`), timed and counted."""
+    """`run(*args)`, a shared-memory reduction (`shm.LocalReducer`), timed and counted."""
     begin_each(names, "SHM_ALLREDUCE")
     run(*args)
     stats["allreduce_calls"] += 1
@@ -113,7 +113,7 @@ def shm_allreduce(names: list[str], run: Any, *args: Any) -> None:
 
 
 def hierarchical(names: list[str], kind: str, run: Any, *args: Any) -> None:
-    """`run(*args)`, an operation of the hierarchical path (`_hierarchy.Hierarchy`), timed and
+    """`run(*args)`, an operation of the hierarchical path (`hierarchy.Hierarchy`), timed and
     counted (an allreduce's reduction within the host is a shared-memory one)."""
     phase = f"HIERARCHICAL_{kind.upper()}"
     begin_each(names, phase)

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch._utils import _unflatten_dense_tensors
 
 from hora.collectives._common import Average, Max, Min, Product, Sum
-from hora.collectives._dtypes import scale_
+from hora.collectives._data.dtypes import scale_
 from hora.wire import channel as wire
 
 SLOT_BYTES = 4 << 20  # per rank and half: 2 ranks map 16 MB in all

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from hora.collectives import _state
 from hora.collectives._common import Average, Sum
+from hora.collectives._control import state as _state
+from hora.collectives._control.process_sets import ProcessSet
+from hora.collectives._control.requests import first, group_of, submit
 from hora.collectives._messages import ALLGATHER
-from hora.collectives._process_sets import ProcessSet
-from hora.collectives._requests import first, group_of, submit
 
 
 class SparseHandle:

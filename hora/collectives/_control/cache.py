@@ -24,7 +24,7 @@ DEFAULT_CAPACITY = 1024
 MAX_PLANS = 64  # repeated rounds whose buckets are remembered (`CoordinatorCache.plans`)
 
 Key = tuple[int, str]  # (process set, name)
-Signature = tuple[tuple[object, ...] | None, int]  # fusion signature and bytes (`_planning`)
+Signature = tuple[tuple[object, ...] | None, int]  # fusion signature and bytes (`planning`)
 
 
 def capacity_from_env() -> int:

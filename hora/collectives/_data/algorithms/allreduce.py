@@ -1,7 +1,7 @@
 """Allreduce: a bucket of one tensor is reduced where it lies (no fusion copy); a bucket of many
 is packed into one buffer per dtype, reduced once, and handed back as views of that buffer (or
 copied back into the callers' tensors when in place). Types the backend lacks, or sums too
-imprecise in them, are reduced widened (`_dtypes.reduce_dtype`) and cast back."""
+imprecise in them, are reduced widened (`dtypes.reduce_dtype`) and cast back."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from hora.collectives._backends import GroupInfo, reads_source, reduce_work, shm_allreduce
 from hora.collectives._common import Average
-from hora.collectives._dtypes import cast_back_, reduce_dtype, scale_
-from hora.collectives._fusion import cached_layout
+from hora.collectives._control.submissions import LocalOp
+from hora.collectives._data.algorithms import in_place_flags, local_tensors, set_outputs
+from hora.collectives._data.dtypes import cast_back_, reduce_dtype, scale_
+from hora.collectives._data.fusion import cached_layout
+from hora.collectives._data.transports import GroupInfo, reads_source, reduce_work, shm_allreduce
 from hora.collectives._messages import Bucket, Request
-from hora.collectives._queue import LocalOp
-from hora.collectives.algorithms import in_place_flags, local_tensors, set_outputs
 from hora.timeline import hooks as _th
 from hora.timeline.hooks import begin_each, end_each
 
