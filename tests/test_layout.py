@@ -9,7 +9,9 @@ After Ray Train's `tests/test_circular_imports.py`, and more. Two readings of ho
 - **Every import statement read (ast)**, module-level and inside functions (an import under
   `if TYPE_CHECKING:` is not an arrow). It fails on an import circle between modules, an arrow
   up the floors, a private name imported from outside the package that owns it, and a
-  function-level import of a hora module that is not in `FUNCTION_LEVEL_IMPORTS` with its reason.
+  function-level import of a hora module that is not in `FUNCTION_LEVEL_IMPORTS` with its reason;
+  inside hora.collectives, an arrow up its own rooms (`COLLECTIVES_ROOMS`: the control room
+  above the data room, which never imports it).
 
 `python tests/test_layout.py` prints every finding without pytest.
 """
@@ -57,6 +59,18 @@ FLOORS: dict[int, tuple[str, ...]] = {
     0: ("hora.errors",),
 }
 FLOOR_OF_ROOM = {room: floor for floor, rooms in FLOORS.items() for room in rooms}
+
+#: Inside hora.collectives, the same rule between its own rooms, highest first (after Horovod's
+#: core: the loop and negotiation apart from the data ops): (room, its modules, what lives
+#: there). Every other module of the package (its faces, `_basics`) is its front, above them all.
+COLLECTIVES_ROOMS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("control", ("hora.collectives._control",), "the loop, negotiation, submissions"),
+    ("data", ("hora.collectives._data",), "transports, shared memory, fusion, algorithms"),
+    ("words", ("hora.collectives._common", "hora.collectives._messages"), "ops, errors, messages"),
+)
+COLLECTIVES_LEVEL = {"front": len(COLLECTIVES_ROOMS)} | {
+    room: len(COLLECTIVES_ROOMS) - 1 - i for i, (room, _, _) in enumerate(COLLECTIVES_ROOMS)
+}
 
 #: The only function-level imports of hora modules, (importer, imported) -> why it cannot be at
 #: the top. Anything else belongs at the top of its module, where readers and tools see it.
@@ -257,6 +271,35 @@ def upward_arrows() -> list[str]:
     return found
 
 
+def collectives_room(name: str) -> str | None:
+    """The room of `name` inside hora.collectives ("front" for its faces), None outside it."""
+    if name != "hora.collectives" and not name.startswith("hora.collectives."):
+        return None
+    for room, prefixes, _ in COLLECTIVES_ROOMS:
+        if any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes):
+            return room
+    return "front"
+
+
+def collectives_arrows() -> list[str]:
+    """Inside hora.collectives: the front above the control room, above the data room, above the
+    shared words; the data room never imports the control room, nothing below imports the
+    front."""
+    found = []
+    for arrow in every_import():
+        mine, theirs = collectives_room(arrow.importer), collectives_room(arrow.target)
+        if mine is None or theirs is None or mine == theirs:
+            continue
+        if COLLECTIVES_LEVEL[theirs] >= COLLECTIVES_LEVEL[mine]:
+            found.append(
+                f"{arrow.where}: {arrow.importer} ({mine}) imports {arrow.imported} ({theirs}): "
+                "inside hora.collectives the arrows run front -> control -> data -> words "
+                "(COLLECTIVES_ROOMS). Move what it needs down (a type the data room needs lives "
+                "there; a Protocol where the room below only calls it), or pass it in from above."
+            )
+    return found
+
+
 def _owner(module: str) -> str:
     """The package that owns `module`'s own names: itself if it is a package, else its parent."""
     return module if is_package(module) else module.rpartition(".")[0]
@@ -405,6 +448,7 @@ RULES = {
     "rooms without a floor": rooms_without_a_floor,
     "circles": circles,
     "upward arrows": upward_arrows,
+    "collectives: control above data": collectives_arrows,
     "private names across packages": private_crossings,
     "function-level imports": unlisted_function_imports,
     "stale allow-list entries": stale_allowances,

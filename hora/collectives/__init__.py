@@ -6,36 +6,31 @@ background thread. The engine moves torch tensors; other frameworks hand it thei
 views of the same memory (numpy -> `torch.from_numpy`). Each module names the Horovod file it
 stands for where there is one.
 
-Layers, bottom up (no module imports one above it; the timeline's `hooks` sit below them all):
-  _common, _dtypes     constants, errors, how each dtype travels
-  _messages            every message of the engine, typed (on the wire and in a rank's queue)
-  _cache               the response cache, rank 0's half and a worker's half
-  _validation, _planning, _negotiation
-                       rank 0's decisions: matching by name, validation, fusion buckets
-  _stall               rank 0's stall inspector
-  _channel             the negotiation star's sockets (framing, handshake, allow-list)
-  _fusion, _shm, _backends, algorithms/, _execute
-                       the data path: fusion buffers, shared memory, gloo/NCCL routing, one
-                       module per operation, and `run_bucket`
-  _queue, _responses, _worker_round, _coordinator_round, _engine
-                       the engine: submissions and handles, each rank's side of a round, the
-                       thread and its drive lock
-  _state, _process_sets, _requests, _sparse
-                       what init() set up, process sets, building a request
+Two rooms under one front door, after Horovod's core (tests/test_layout.py keeps the arrows
+pointing down: front -> control -> data -> the shared words):
+  _common, _messages   the shared words: ops and errors; every message of the engine, typed
+  _data/               the data room: how an agreed bucket's bytes move. `groups` (a process set
+                       as the data path sees it), `transports` (gloo/NCCL routing, shared
+                       memory and the hierarchical path: `shm`, `hierarchy`), `fusion`,
+                       `dtypes`, one module per operation (`algorithms/`), `execute.run_bucket`;
+                       it never imports the control room
+  _control/            the control room: which collective runs when. `state`, `process_sets`,
+                       `requests`, `sparse`, `submissions` (the caller's side), `loop` (the
+                       `CollectiveLoop` thread and its drive lock), `worker_round`,
+                       `coordinator_round`, `responses`, rank 0's `negotiation`, `validation`,
+                       `planning`, `cache`, `stall`, and the star's `channel`
   framework            each collective's request with every argument explicit (`submit_*`), and
                        what else a framework API builds on (op resolution, names, errors)
   ops                  Horovod's async, in-place and grouped collectives, synchronize
-  _basics              init/shutdown, ranks and sizes, dynamic process sets (uses ops.barrier)
-  objects              Python objects across ranks (broadcast_object, allgather_object)
+  _basics              init/shutdown (wires the two rooms), ranks and sizes, dynamic process sets
+  objects, elastic     Python objects across ranks; what every framework's `hvd.elastic` uses
 Framework layers (hora.torch, hora.tensorflow) sit on top and add gradients and their tensor types;
 their public face here is this package's `__all__` (Horovod's calls), `framework` and `objects`.
 """
 
 # ruff: noqa: F405 - the names of __all__ come from the star imports
 from hora.collectives._basics import *  # noqa: F403 - listed in _basics.__all__
-from hora.collectives._control.state import (
-    in_flight as in_flight,  # not Horovod's: kept out of __all__
-)
+from hora.collectives._control.state import in_flight as in_flight  # not Horovod's: not in __all__
 from hora.collectives.ops import *  # noqa: F403 - listed in ops.__all__
 
 # Listed name by name, not computed from the lists of the modules star-imported above, so that

@@ -22,17 +22,11 @@ from hora import environment, timeline
 from hora.collectives._common import NOT_INITIALIZED
 from hora.collectives._control import channel
 from hora.collectives._control import state as _state
-from hora.collectives._control.loop import Engine, EngineConfig
-from hora.collectives._control.process_sets import (
-    ProcessSet,
-    destroy_groups,
-    global_process_set,
-    make_groups,
-    register,
-)
+from hora.collectives._control.loop import CollectiveLoop, LoopConfig
+from hora.collectives._control.process_sets import ProcessSet, global_process_set, register
 from hora.collectives._control.stall import StallSettings
 from hora.collectives._data import hierarchy, shm
-from hora.collectives._data.transports import GroupInfo
+from hora.collectives._data.groups import GroupInfo, destroy_groups, make_groups
 from hora.collectives._messages import ProcessSetChange
 from hora.collectives.ops import barrier
 from hora.environment import placements
@@ -101,7 +95,7 @@ def init(
     """
     global _atexit_registered, _created_default_group
     if _state.current is not None:
-        if not _state.current.engine.broken:
+        if not _state.current.loop.broken:
             return
         shutdown()
     if dist.is_initialized():
@@ -120,7 +114,7 @@ def init(
     world = make_world(rank, size, wait)
     local_rank, local_size, cross_rank, cross_size = _placement(rank, size, world.gloo)
     groups: dict[int, GroupInfo] = {0: world}
-    engine = _start_engine(rank, size, (cross_rank, local_rank, local_size), groups, wait)
+    loop = _start_loop(rank, size, (cross_rank, local_rank, local_size), groups, wait)
     dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") in (
         "1",
         "true",
@@ -133,7 +127,7 @@ def init(
         local_size=local_size,
         cross_rank=cross_rank,
         cross_size=cross_size,
-        engine=engine,
+        loop=loop,
         groups=groups,
         dynamic=dynamic,
     )
@@ -157,18 +151,18 @@ def make_world(rank: int, size: int, wait: timedelta) -> GroupInfo:
     return make_groups(list(range(size)), rank, wait)
 
 
-def _start_engine(
+def _start_loop(
     rank: int,
     size: int,
     local: tuple[int, int, int],
     groups: dict[int, GroupInfo],
     wait: timedelta,
-) -> Engine:
+) -> CollectiveLoop:
     """The engine thread, its negotiation star, and the world's data path beyond gloo: shared
     memory on one host, the hierarchical path on several. `local`: this rank's (cross rank,
     local rank, local size)."""
     world = groups[0]
-    config = EngineConfig(
+    config = LoopConfig(
         rank=rank,
         size=size,
         cycle_time_s=_env_float("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_TIME_MS) / 1000.0,
@@ -177,7 +171,7 @@ def _start_engine(
         stall=StallSettings.from_env(),
     )
     if size == 1:
-        return Engine(config, groups, {}, None)
+        return CollectiveLoop(config, groups, {}, None)
     token = channel.new_token()
     server = None
     address = ""
@@ -206,15 +200,15 @@ def _start_engine(
             if mode == "store":
                 with contextlib.suppress(Exception):
                     store.delete_key(store_key)
-        engine = Engine(config, groups, peers, None)
+        loop = CollectiveLoop(config, groups, peers, None)
     else:
         sock = channel.connect(address, rank, key, config.timeout_s)
-        engine = Engine(config, groups, None, sock)
+        loop = CollectiveLoop(config, groups, None, sock)
     if local[2] == size:  # one host
         world.local = shm.connect(rank, size, 0, token, key, world.gloo, config.timeout_s)
     else:
         world.hierarchy = hierarchy.connect(rank, local, token, key, world.gloo, wait)
-    return engine
+    return loop
 
 
 def _default_store() -> Any:
@@ -285,7 +279,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     barrier_all()  # nobody still has an operation of the set in flight
     info = state.groups.pop(ps_id)
     del state.process_sets[ps_id]
-    state.engine.control(ProcessSetChange(ps_id, None))
+    state.loop.control(ProcessSetChange(ps_id, None))
     destroy_groups(info)
     process_set.process_set_id = None
     return True
@@ -298,11 +292,11 @@ def shutdown() -> None:
         return
     _state.current = None
     timeline.on_shutdown()  # write the timeline's last events
-    state.engine.stop(timeout().total_seconds())
+    state.loop.stop(timeout().total_seconds())
     for ps in state.process_sets.values():
         if ps is not global_process_set:
             ps.process_set_id = None
-    if not state.engine._thread.is_alive():  # never pull groups from under a stuck thread
+    if not state.loop._thread.is_alive():  # never pull groups from under a stuck thread
         for info in state.groups.values():
             destroy_groups(info)
 

@@ -26,7 +26,8 @@ from hora.collectives._control import state as _state
 from hora.collectives._control.process_sets import ProcessSet, global_process_set
 from hora.collectives._control.requests import Tensors, first, submit
 from hora.collectives._control.sparse import SparseHandle
-from hora.collectives._control.submissions import LocalOp, Op
+from hora.collectives._control.submissions import Op
+from hora.collectives._data.local_op import LocalOp
 from hora.collectives._messages import BARRIER
 from hora.collectives.framework import (
     resolve_op,
@@ -242,14 +243,14 @@ def poll(handle: int | SparseHandle) -> bool:
     """True once the operation behind `handle` has finished (never blocks)."""
     if type(handle) is SparseHandle:
         return handle.poll()
-    return _state.get().engine.poll(handle)  # type: ignore[arg-type]
+    return _state.get().loop.poll(handle)  # type: ignore[arg-type]
 
 
 def synchronize(handle: int | SparseHandle) -> Any:
     """Wait for `handle` and return its output; raises HorovodInternalError if it failed."""
     if type(handle) is SparseHandle:
         return handle()
-    return _state.get().engine.synchronize(handle)  # type: ignore[arg-type]
+    return _state.get().loop.synchronize(handle)  # type: ignore[arg-type]
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
@@ -265,7 +266,7 @@ def join(device: int = -1) -> int:
     if device >= 0 and torch.cuda.is_available():
         torch.cuda.set_device(device)
     op = Op(None, LocalOp([], False), first)
-    return int(synchronize(state.engine.submit(op)))
+    return int(synchronize(state.loop.submit(op)))
 
 
 __all__ = [

@@ -139,7 +139,7 @@ def _batches_job() -> dict[str, object]:
             hvd.synchronize(h)
         buckets.append(_backends.stats["buckets"] - before)
         assert all(torch.equal(t, torch.full_like(t, n * (n + 1) / 2)) for t in ts)
-    negotiation = _state.get().engine.negotiation
+    negotiation = _state.get().loop.negotiation
     coord = negotiation.coordinator if r == 0 else None  # type: ignore[union-attr]
     cached = coord.cached_submissions if coord is not None else None
     hvd.shutdown()

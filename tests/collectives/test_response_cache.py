@@ -169,7 +169,7 @@ def _ranks_job() -> dict[str, object]:
         ]
         for k, h in enumerate(handles):
             assert torch.equal(hvd.synchronize(h), torch.full((k + 1,), float(n)))
-    negotiation = _state.get().engine.negotiation
+    negotiation = _state.get().loop.negotiation
     coord = negotiation.coordinator if r == 0 else None  # type: ignore[union-attr]
     hvd.shutdown()  # every response, CacheDrops included, has been applied on every rank
     if coord is not None:
@@ -222,14 +222,14 @@ def _repeated_rounds_job() -> dict[str, object]:
         handles = {nm: hvd.allreduce_async(torch.ones(4), op=hvd.Sum, name=nm) for nm in order}
         for nm in names:
             assert torch.equal(hvd.synchronize(handles[nm]), torch.full((4,), float(n)))
-    engine = _state.get().engine
-    coord = engine.negotiation.coordinator if r == 0 else None  # type: ignore[union-attr]
+    loop = _state.get().loop
+    coord = loop.negotiation.coordinator if r == 0 else None  # type: ignore[union-attr]
     out: dict[str, object] = {}
     if coord is not None:
         out["repeated"] = coord.repeated_rounds
-    before = engine.rounds
+    before = loop.rounds
     time.sleep(0.5)
-    out["idle rounds"] = engine.rounds - before  # nothing to do: the engine sleeps
+    out["idle rounds"] = loop.rounds - before  # nothing to do: the engine sleeps
     hvd.barrier()
     try:
         if r != 0:  # a cached name whose round rank 0 never sends

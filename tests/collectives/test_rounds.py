@@ -16,9 +16,10 @@ from hora.collectives._control.coordinator_round import CoordinatorRound
 from hora.collectives._control.negotiation import Coordinator
 from hora.collectives._control.responses import ResponseHandler
 from hora.collectives._control.stall import StallInspector, StallSettings
-from hora.collectives._control.submissions import LocalOp, Op, SubmissionQueue
+from hora.collectives._control.submissions import Op, SubmissionQueue
 from hora.collectives._control.worker_round import WorkerRound
-from hora.collectives._data.transports import GroupInfo
+from hora.collectives._data.groups import GroupInfo
+from hora.collectives._data.local_op import LocalOp
 from hora.collectives._messages import BARRIER, STOP, ProcessSetChange, Request
 
 WAIT_S = 5.0  # for a frame already sent by the other side

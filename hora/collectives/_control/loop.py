@@ -1,5 +1,5 @@
-"""The background engine: one thread per process that negotiates and runs every collective
-(Horovod's `operations.cc`), and the handles callers wait on.
+"""The collective loop (`CollectiveLoop`): one thread per process that negotiates and runs every
+collective (Horovod's `operations.cc`), and the handles callers wait on.
 
 The caller's thread only records an operation (`SubmissionQueue.push`) and wakes the engine when
 it sleeps (`submit` returns a handle at once). Each round of the engine is this rank's side of
@@ -39,7 +39,7 @@ from hora.collectives._control.responses import ResponseHandler
 from hora.collectives._control.stall import StallInspector, StallSettings
 from hora.collectives._control.submissions import Op, SubmissionQueue
 from hora.collectives._control.worker_round import WorkerRound
-from hora.collectives._data.transports import GroupInfo
+from hora.collectives._data.groups import GroupInfo
 from hora.collectives._messages import STOP, ProcessSetChange
 from hora.timeline import hooks as _th
 
@@ -47,7 +47,7 @@ log = logging.getLogger("hora.torch")
 
 
 @dataclass
-class EngineConfig:
+class LoopConfig:
     rank: int
     size: int
     cycle_time_s: float
@@ -71,7 +71,7 @@ def _sleeper_for(sel: selectors.BaseSelector) -> selectors.BaseSelector:
 
 
 def _negotiation(
-    config: EngineConfig,
+    config: LoopConfig,
     process_sets: dict[int, GroupInfo],
     sel: selectors.BaseSelector,
     queue: SubmissionQueue,
@@ -90,12 +90,12 @@ def _negotiation(
     return CoordinatorRound(peers or {}, sel, queue, handler, coordinator, stall)
 
 
-class Engine:
+class CollectiveLoop:
     """Owns the handles, the submission queue, this rank's negotiation and the thread."""
 
     def __init__(
         self,
-        config: EngineConfig,
+        config: LoopConfig,
         process_sets: dict[int, GroupInfo],
         coordinator_peers: dict[int, socket.socket] | None,
         worker_socket: socket.socket | None,

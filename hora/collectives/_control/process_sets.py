@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from datetime import timedelta
 
-import torch
-import torch.distributed as dist
-
 from hora.collectives._control import state as _state
-from hora.collectives._data.transports import GroupInfo
+from hora.collectives._data.groups import make_groups
 from hora.collectives._messages import ProcessSetChange
 
 
@@ -54,36 +50,6 @@ global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
 
-def make_groups(ranks: Sequence[int], rank: int, timeout: timedelta) -> GroupInfo:
-    """Create the backend groups of a set; every rank of the world calls this, in the same order."""
-    ranks = tuple(ranks)
-    gloo = nccl = None
-    if len(ranks) > 1:
-        gloo = dist.new_group(list(ranks), backend="gloo", timeout=timeout)
-        if torch.cuda.is_available() and dist.is_nccl_available():
-            nccl = dist.new_group(list(ranks), backend="nccl", timeout=timeout)
-    member = rank in ranks
-    return GroupInfo(
-        ranks=ranks,
-        index=ranks.index(rank) if member else -1,
-        gloo=gloo if member else None,
-        nccl=nccl if member else None,
-    )
-
-
-def destroy_groups(info: GroupInfo) -> None:
-    if info.local is not None:
-        info.local.close()
-        info.local = None
-    if info.hierarchy is not None:
-        info.hierarchy.close()
-        info.hierarchy = None
-    for group in (info.gloo, info.nccl):
-        if group is not None and group != dist.GroupMember.NON_GROUP_MEMBER:
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group(group)
-
-
 def register(process_set: ProcessSet, timeout: timedelta) -> ProcessSet:
     """Give `process_set` an id and groups (all ranks call it with the same sets, in order)."""
     state = _state.get()
@@ -99,7 +65,7 @@ def register(process_set: ProcessSet, timeout: timedelta) -> ProcessSet:
     state.next_process_set_id += 1
     info = make_groups(process_set.ranks, state.rank, timeout)
     state.groups[ps_id] = info
-    state.engine.control(ProcessSetChange(ps_id, info.ranks))
+    state.loop.control(ProcessSetChange(ps_id, info.ranks))
     process_set.process_set_id = ps_id
     state.process_sets[ps_id] = process_set
     return process_set

@@ -16,9 +16,10 @@ import torch
 from hora.collectives._common import Sum
 from hora.collectives._control import state as _state
 from hora.collectives._control.process_sets import ProcessSet
-from hora.collectives._control.submissions import LocalOp, Op
+from hora.collectives._control.submissions import Op
 from hora.collectives._data.dtypes import dtype_name
-from hora.collectives._data.transports import GroupInfo
+from hora.collectives._data.groups import GroupInfo
+from hora.collectives._data.local_op import LocalOp
 from hora.collectives._messages import Request
 
 Tensors = Sequence[torch.Tensor]
@@ -96,7 +97,7 @@ def submit(
     splits: tuple[tuple[int, ...], ...] | None = None,
     flush: bool = False,
 ) -> int:
-    """Build the request and hand it to the engine (`flush`: see `Engine.submit`). Every
+    """Build the request and hand it to the engine (`flush`: see `CollectiveLoop.submit`). Every
     operation pays this (a model's 200 small gradients: 200 times a step), hence the inline
     checks and the requests made once (`_REQUESTS`)."""
     state = _state.current
@@ -107,9 +108,9 @@ def submit(
         or state.groups[ps_id].index < 0
     ):
         group_of(process_set)  # raises the error that says what is wrong
-    engine = state.engine  # type: ignore[union-attr]
+    loop = state.loop  # type: ignore[union-attr]
     if name is None:
-        full = engine.generated_name(kind, ps_id)
+        full = loop.generated_name(kind, ps_id)
     else:
         full = _FULL_NAMES.get((kind, name))
         if full is None:
@@ -134,7 +135,7 @@ def submit(
     if request.device == "cuda":  # the engine waits for the kernels queued so far on this stream
         local.ready = torch.cuda.Event()
         local.ready.record()
-    return engine.submit(Op(request, local, finish), flush)
+    return loop.submit(Op(request, local, finish), flush)
 
 
 def _request(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from hora.collectives._common import CollectiveRefusedError, HorovodInternalError
 from hora.collectives._control.submissions import Op, SubmissionQueue
 from hora.collectives._data.execute import run_bucket
-from hora.collectives._data.transports import GroupInfo
+from hora.collectives._data.groups import GroupInfo
 from hora.collectives._messages import Bucket, Failure, JoinDone, Response, Shutdown
 from hora.timeline import hooks as _th
 

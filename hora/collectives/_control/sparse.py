@@ -22,13 +22,13 @@ class SparseHandle:
         self._indices, self._values, self._shape, self._divisor = indices, values, shape, divisor
 
     def poll(self) -> bool:
-        engine = _state.get().engine
-        return engine.poll(self._indices) and engine.poll(self._values)
+        loop = _state.get().loop
+        return loop.poll(self._indices) and loop.poll(self._values)
 
     def __call__(self) -> torch.Tensor:
-        engine = _state.get().engine
-        values = engine.synchronize(self._values)
-        indices = engine.synchronize(self._indices)
+        loop = _state.get().loop
+        values = loop.synchronize(self._values)
+        indices = loop.synchronize(self._indices)
         if self._divisor > 1:
             values = values / self._divisor
         # Duplicate indices (the same row from several ranks) are summed by coalescing.

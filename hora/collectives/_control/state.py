@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from hora.collectives._common import NOT_INITIALIZED
 
 if TYPE_CHECKING:
-    from hora.collectives._control.loop import Engine
-    from hora.collectives._data.transports import GroupInfo
+    from hora.collectives._control.loop import CollectiveLoop
+    from hora.collectives._data.groups import GroupInfo
 
 
 @dataclass
@@ -20,7 +20,7 @@ class State:
     local_size: int
     cross_rank: int
     cross_size: int
-    engine: Engine
+    loop: CollectiveLoop
     # process set id -> its groups; shared with the engine, which reads it on its thread.
     groups: dict[int, GroupInfo]
     dynamic: bool
@@ -44,4 +44,4 @@ def in_flight() -> list[str]:
     For a rank's answer to "where are you?" (hora._stacks), so it reads no private state.
     """
     state = current
-    return [] if state is None else state.engine.queue.describe()
+    return [] if state is None else state.loop.queue.describe()

@@ -12,29 +12,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hora.collectives._common import HorovodInternalError
+from hora.collectives._data.local_op import LocalOp
 from hora.collectives._messages import JOIN, Entry, ProcessSetChange, Request
-
-if TYPE_CHECKING:
-    import torch
 
 # Gathering ends a cycle after the latest submission, so that a caller still issuing a batch is
 # not cut off mid-way (every extra bucket costs both ranks a round of negotiation and a barrier),
 # but at most this many cycles after the first one: a caller that never blocks is still served.
 GATHER_CYCLES = 5
-
-
-@dataclass(slots=True)  # one per operation: slots make it cheaper to build and read
-class LocalOp:
-    """What this rank submitted for one entry: its tensors, and whether to write into them."""
-
-    tensors: list[torch.Tensor]
-    inplace: bool
-    outputs: list[Any] | None = None
-    ready: Any = None  # a torch.cuda.Event recorded on the caller's stream at submission
 
 
 class Op:

@@ -17,7 +17,7 @@ from hora.collectives._control import channel
 from hora.collectives._control.cache import WorkerCache
 from hora.collectives._control.responses import ResponseHandler
 from hora.collectives._control.submissions import SubmissionQueue
-from hora.collectives._data.transports import GroupInfo
+from hora.collectives._data.groups import GroupInfo
 from hora.collectives._messages import Bucket, CacheDrop, ProcessSetChange, Request, Shutdown, Stop
 from hora.timeline import hooks as _th
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from hora.collectives._control.submissions import LocalOp
 from hora.collectives._data.algorithms import (
     allgather,
     allreduce,
@@ -19,7 +18,9 @@ from hora.collectives._data.algorithms import (
     reducescatter,
     set_outputs,
 )
-from hora.collectives._data.transports import GroupInfo, stats
+from hora.collectives._data.groups import GroupInfo
+from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.transports import stats
 from hora.collectives._messages import (
     ALLGATHER,
     ALLREDUCE,

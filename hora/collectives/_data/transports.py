@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ import torch.distributed as dist
 
 from hora.collectives._common import Average, Max, Min, Product, Sum
 from hora.collectives._data.dtypes import scale_
-from hora.collectives._data.fusion import FusionBuffer
+from hora.collectives._data.groups import GroupInfo
 from hora.collectives._messages import ALLGATHER, ALLREDUCE, BROADCAST
 from hora.timeline.hooks import begin_each, end_each
 
@@ -37,24 +36,6 @@ reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.red
 
 # Counters the tests read to see fusion and routing at work (never timings).
 stats: Counter[str] = Counter()
-
-
-@dataclass
-class GroupInfo:
-    """A process set as the data path sees it: its ranks and its backend groups."""
-
-    ranks: tuple[int, ...]
-    index: int  # this process's position in `ranks`, -1 when not a member
-    gloo: Any = None  # a torch ProcessGroup, None when the set has one member
-    nccl: Any = None
-    nccl_usable: bool | None = None  # decided at the set's first CUDA collective
-    local: Any = None  # a _shm.LocalReducer when every member is on this host
-    hierarchy: Any = None  # a _hierarchy.Hierarchy when the members span several hosts
-    fusion: FusionBuffer = field(default_factory=FusionBuffer)
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
 
 
 def nccl_usable(info: GroupInfo) -> bool:

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from hora.collectives._control.submissions import LocalOp
 from hora.collectives._data.dtypes import dtype_from_name
+from hora.collectives._data.local_op import LocalOp
 from hora.collectives._messages import Bucket, Request
 
 

@@ -11,11 +11,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from hora.collectives._control.submissions import LocalOp
 from hora.collectives._data.algorithms import device_of, local_tensors, row_bytes, set_outputs
 from hora.collectives._data.dtypes import as_bytes, dtype_from_name
 from hora.collectives._data.fusion import aligned
-from hora.collectives._data.transports import GroupInfo, gather_work
+from hora.collectives._data.groups import GroupInfo
+from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.transports import gather_work
 from hora.collectives._messages import Bucket
 from hora.timeline.hooks import begin_each, end_each
 

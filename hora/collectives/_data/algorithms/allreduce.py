@@ -11,11 +11,12 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from hora.collectives._common import Average
-from hora.collectives._control.submissions import LocalOp
 from hora.collectives._data.algorithms import in_place_flags, local_tensors, set_outputs
 from hora.collectives._data.dtypes import cast_back_, reduce_dtype, scale_
 from hora.collectives._data.fusion import cached_layout
-from hora.collectives._data.transports import GroupInfo, reads_source, reduce_work, shm_allreduce
+from hora.collectives._data.groups import GroupInfo
+from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.transports import reads_source, reduce_work, shm_allreduce
 from hora.collectives._messages import Bucket, Request
 from hora.timeline import hooks as _th
 from hora.timeline.hooks import begin_each, end_each

@@ -9,9 +9,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hora.collectives._control.submissions import LocalOp
 from hora.collectives._data.algorithms import row_bytes
-from hora.collectives._data.transports import GroupInfo, collective
+from hora.collectives._data.groups import GroupInfo
+from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.transports import collective
 from hora.collectives._messages import ALLTOALL, Bucket
 
 

@@ -7,11 +7,12 @@ from typing import Any
 
 import torch
 
-from hora.collectives._control.submissions import LocalOp
 from hora.collectives._data.algorithms import in_place_flags, local_tensors, set_outputs
 from hora.collectives._data.dtypes import as_bytes
 from hora.collectives._data.fusion import aligned
-from hora.collectives._data.transports import GroupInfo, broadcast_work
+from hora.collectives._data.groups import GroupInfo
+from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.transports import broadcast_work
 from hora.collectives._messages import Bucket
 from hora.timeline.hooks import begin_each, end_each
 

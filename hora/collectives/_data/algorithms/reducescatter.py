@@ -9,15 +9,11 @@ from typing import Any
 import torch
 
 from hora.collectives._common import Average
-from hora.collectives._control.submissions import LocalOp
 from hora.collectives._data.algorithms import zeros_like_request
 from hora.collectives._data.dtypes import cast_back_, reduce_dtype, scale_
-from hora.collectives._data.transports import (
-    REDUCE_OPS,
-    GroupInfo,
-    collective,
-    reduce_scatter_single,
-)
+from hora.collectives._data.groups import GroupInfo
+from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.transports import REDUCE_OPS, collective, reduce_scatter_single
 from hora.collectives._messages import REDUCESCATTER, Bucket, Request
 
 
