@@ -25,7 +25,7 @@ from hora.collectives._control import state as _state
 from hora.collectives._control.loop import CollectiveLoop, LoopConfig
 from hora.collectives._control.process_sets import ProcessSet, global_process_set, register
 from hora.collectives._control.stall import StallSettings
-from hora.collectives._data import hierarchy, shm
+from hora.collectives._data import hierarchy, shm_setup
 from hora.collectives._data.groups import GroupInfo, destroy_groups, make_groups
 from hora.collectives._messages import ProcessSetChange
 from hora.collectives.ops import barrier
@@ -205,7 +205,7 @@ def _start_loop(
         sock = channel.connect(address, rank, key, config.timeout_s)
         loop = CollectiveLoop(config, groups, None, sock)
     if local[2] == size:  # one host
-        world.local = shm.connect(rank, size, 0, token, key, world.gloo, config.timeout_s)
+        world.local = shm_setup.connect(rank, size, 0, token, key, world.gloo, config.timeout_s)
     else:
         world.hierarchy = hierarchy.connect(rank, local, token, key, world.gloo, wait)
     return loop

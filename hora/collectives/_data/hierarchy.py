@@ -41,7 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from hora.collectives._data import shm
+from hora.collectives._data import shm, shm_setup
 from hora.collectives._data.dtypes import as_bytes, scale_
 from hora.collectives._data.transports import REDUCE_OPS, all_gather_single
 
@@ -189,7 +189,7 @@ def connect(
     if not (allreduce or allgather):
         return None
     cross_rank, local_rank, local_size = local
-    reducer = shm.connect(
+    reducer = shm_setup.connect(
         local_rank, local_size, cross_rank, token, key, world, wait.total_seconds()
     )
     if reducer is None:
