@@ -32,21 +32,21 @@ def compare(kind: str, steps: int, rounds: int, batch_size: int) -> dict[str, An
     import torch.distributed as dist
 
     import hora.torch as hvd
-    import hora.torch.optimizer as hvd_optimizer
+    import hora.torch._buckets as hvd_buckets
 
     hvd.init()
     sides: dict[str, tuple[Any, Any]] = {}
     buckets: dict[str, list[int]] = {}
-    default_cap = hvd_optimizer._CPU_FIRST_BUCKET_CAP_BYTES
-    for key, cap in (("hora", default_cap), ("1 MiB", hvd_optimizer._FIRST_BUCKET_CAP_BYTES)):
-        hvd_optimizer._CPU_FIRST_BUCKET_CAP_BYTES = cap  # read when the buckets are cut
+    default_cap = hvd_buckets._CPU_FIRST_BUCKET_CAP_BYTES
+    for key, cap in (("hora", default_cap), ("1 MiB", hvd_buckets._FIRST_BUCKET_CAP_BYTES)):
+        hvd_buckets._CPU_FIRST_BUCKET_CAP_BYTES = cap  # read when the buckets are cut
         model = make_model(kind)
         opt = hvd.DistributedOptimizer(
             make_optimizer(kind, model.parameters()), named_parameters=model.named_parameters()
         )
         sides[key] = (model, opt)
         buckets[key] = [sum(p.numel() * p.element_size() for p in b) for b in opt._buckets]
-    hvd_optimizer._CPU_FIRST_BUCKET_CAP_BYTES = default_cap
+    hvd_buckets._CPU_FIRST_BUCKET_CAP_BYTES = default_cap
     ddp = torch.nn.parallel.DistributedDataParallel(make_model(kind))
     sides["ddp"] = (ddp, make_optimizer(kind, ddp.parameters()))
     batch = make_batch(kind, batch_size)

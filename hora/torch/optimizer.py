@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import warnings
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from hora.collectives.framework import resolve_op, submit_allreduce
+from hora.torch._buckets import Bucket, check_groups, explicit_groups, parameter_names, size_buckets
 from hora.torch.compression import Compression, Compressor
 from hora.torch.functions import broadcast_object
 from hora.torch.mpi_ops import (
@@ -42,21 +42,6 @@ if TYPE_CHECKING:
 else:
     _Optimizer = object
 
-# Buckets are what overlaps with backward: DDP's 25 MiB is a good trade between overlap and the
-# per-call latency; HOROVOD_FUSION_THRESHOLD, when lower, caps them (0: one tensor per call).
-_BUCKET_CAP_BYTES = 25 * 1024 * 1024
-# DDP's first bucket (`dist._DEFAULT_FIRST_BUCKET_BYTES`): the gradients ready first (the last
-# layers) travel on their own as soon as they reach 1 MiB, while backward computes the rest; a
-# model of a few large tensors would otherwise send everything in one bucket at the very end.
-_FIRST_BUCKET_CAP_BYTES = 1024 * 1024
-# CPU gradients wait for 8 MiB: a bucket sent during backward costs a negotiation round and the
-# engine thread's Python on the very cores that compute backward (a GPU host's cores are idle
-# then). On a 2-core host, CNNs whose last layers hold 1-4 MiB ran 2-26% more steps/s sending
-# them with the rest after backward, and a 26 MB MLP as many with 8 MiB as with 1 MiB
-# (bench/first_bucket.py).
-_CPU_FIRST_BUCKET_CAP_BYTES = 8 * 1024 * 1024
-_DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
-
 _TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before call to step(). "
     "Increase backward_passes_per_step to accumulate gradients locally."
@@ -70,8 +55,6 @@ _STEP_AFTER_SYNC = (
     "optimizer.synchronize(). This can cause training slowdown. You may want to consider using "
     "optimizer.skip_synchronize() context if you use optimizer.synchronize() in your code."
 )
-
-Bucket = tuple[torch.Tensor, ...]
 
 
 class _Pending:
@@ -134,8 +117,8 @@ class _DistributedOptimizer(_Optimizer):
         self.state.update(optimizer.state)
 
         self._compression = compression
-        self._names = _parameter_names(self.param_groups, named_parameters)
-        self._groups = _check_groups(groups)
+        self._names = parameter_names(self.param_groups, named_parameters)
+        self._groups = check_groups(groups)
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -175,7 +158,7 @@ class _DistributedOptimizer(_Optimizer):
     def _make_buckets(self) -> None:
         params = self._trainable()
         if self._groups is None:
-            buckets = _size_buckets(list(reversed(params)))
+            buckets = size_buckets(list(reversed(params)))
         else:
             # Rank 0's order decides group membership, so every rank forms the same groups.
             order = broadcast_object(
@@ -186,7 +169,7 @@ class _DistributedOptimizer(_Optimizer):
             )
             position = {name: i for i, name in enumerate(order)}
             params.sort(key=lambda p: position.get(self._names[p], len(position)))
-            buckets = _explicit_groups(params, self._groups)
+            buckets = explicit_groups(params, self._groups)
         for index, bucket in enumerate(buckets):
             self._buckets.append(bucket)
             self._uniform.append(len({(p.dtype, p.device) for p in bucket}) == 1)
@@ -385,102 +368,6 @@ class _DistributedOptimizer(_Optimizer):
             raise ValueError("backward_passes_per_step must be > 0")
         self.backward_passes_per_step = passes
         self._delays = [passes] * len(self._slots)
-
-
-def _parameter_names(
-    param_groups: list[dict[str, Any]], named_parameters: Iterable[tuple[str, torch.Tensor]] | None
-) -> dict[torch.Tensor, str]:
-    if named_parameters is None:
-        return {
-            p: f"allreduce.noname.{i}.{j}"
-            for i, group in enumerate(param_groups)
-            for j, p in enumerate(group["params"])
-        }
-    named = list(named_parameters)
-    if any(not isinstance(item, tuple) for item in named):
-        raise ValueError(
-            "named_parameters should be a sequence of tuples (name, parameter), usually produced "
-            "by model.named_parameters()."
-        )
-    dups = sorted(name for name, count in Counter(name for name, _ in named).items() if count > 1)
-    if dups:
-        raise ValueError(
-            "Parameter names in named_parameters must be unique. "
-            f"Found duplicates: {', '.join(dups)}"
-        )
-    named_ids = {id(p) for _, p in named}
-    unnamed = [id(p) for g in param_groups for p in g["params"] if id(p) not in named_ids]
-    if unnamed:
-        raise ValueError(
-            "named_parameters was specified, but one or more model parameters were not named. "
-            f"Python object ids: {', '.join(map(str, unnamed))}"
-        )
-    return {p: name for name, p in named}
-
-
-def _check_groups(groups: Any) -> int | list[list[torch.Tensor]] | None:
-    if groups is None:
-        return None
-    if isinstance(groups, list):
-        seen: set[int] = set()
-        for group in groups:
-            for p in group:
-                if not isinstance(p, torch.Tensor):
-                    raise ValueError("groups must consist of torch.Tensor.")
-                if id(p) in seen:
-                    raise ValueError("A parameter can only appear once in groups.")
-                seen.add(id(p))
-        return groups
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
-        raise ValueError(
-            "groups should be a non-negative integer or a list of list of torch.Tensor."
-        )
-    return groups
-
-
-def _size_buckets(params: list[torch.Tensor]) -> list[Bucket]:
-    """Consecutive parameters (in backward order) of one dtype and device, up to the cap; the
-    first bucket closes once it holds 1 MiB (8 MiB on CPU), the tensor that reaches it
-    included, as DDP's."""
-    threshold = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _DEFAULT_FUSION_THRESHOLD))
-    cap = min(threshold, _BUCKET_CAP_BYTES)
-    on_cpu = bool(params) and params[0].device.type == "cpu"
-    first_cap = min(cap, _CPU_FIRST_BUCKET_CAP_BYTES if on_cpu else _FIRST_BUCKET_CAP_BYTES)
-    buckets: list[list[torch.Tensor]] = []
-    size = 0
-    closed = False  # the first bucket, once full
-    for p in params:
-        nbytes = p.numel() * p.element_size()
-        current = buckets[-1] if buckets else None
-        if (
-            current is None
-            or closed
-            or current[0].dtype != p.dtype
-            or current[0].device != p.device
-            or size + nbytes > cap
-        ):
-            buckets.append([p])
-            size = nbytes
-        else:
-            current.append(p)
-            size += nbytes
-        closed = len(buckets) == 1 and size >= first_cap
-    return [tuple(b) for b in buckets]
-
-
-def _explicit_groups(
-    params: list[torch.Tensor], groups: int | list[list[torch.Tensor]]
-) -> list[Bucket]:
-    """Horovod's `groups`: N even slices, or the given lists plus one group per other parameter."""
-    if isinstance(groups, int):
-        d, r = divmod(len(params), groups)
-        slices = [params[i * d + min(i, r) : (i + 1) * d + min(i + 1, r)] for i in range(groups)]
-        return [tuple(s) for s in slices if s]
-    trainable = {id(p) for p in params}
-    out = [tuple(p for p in group if id(p) in trainable) for group in groups]
-    grouped = {id(p) for group in out for p in group}
-    out += [(p,) for p in params if id(p) not in grouped]
-    return [g for g in out if g]
 
 
 def DistributedOptimizer(
