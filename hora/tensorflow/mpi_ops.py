@@ -7,6 +7,8 @@ allreduce, this rank's rows; broadcast -> Average allreduce, zero off the root; 
 alltoall back with the received splits (zero for rows not sent); reducescatter -> allgather,
 times the set size for Sum and times the scale factors. Failures raise Horovod's TF error
 classes (`_errors`); `rank_op` and its kin read the ranks when the graph runs, as Horovod's.
+This module is the face: the differentiable allreduce and allgather every op and gradient is
+made of are `_core_ops`, alltoall and reducescatter `_scatter_ops`.
 """
 
 from __future__ import annotations
@@ -32,18 +34,22 @@ from hora.collectives import join as _join
 from hora.collectives.framework import (
     ALLGATHER,
     ALLREDUCE,
-    ALLTOALL,
     BROADCAST,
-    REDUCESCATTER,
     process_set_by_id,
     resolve_op,
-    submit_allgather,
-    submit_allreduce,
-    submit_alltoall,
     submit_broadcast,
-    submit_reducescatter,
 )
 from hora.tensorflow import _bridge
+from hora.tensorflow._core_ops import (
+    NO_ADASUM,
+    allgather_diff,
+    allreduce_diff,
+    op_name,
+    traced_name,
+)
+from hora.tensorflow._scatter_ops import alltoall as alltoall
+from hora.tensorflow._scatter_ops import grouped_reducescatter as grouped_reducescatter
+from hora.tensorflow._scatter_ops import reducescatter as reducescatter
 from hora.tensorflow.compression import Compression, Compressor
 
 __all__ = [
@@ -64,76 +70,9 @@ __all__ = [
 ]
 
 
-def _name(name: str | None, kind: str, ignore_name_scope: bool) -> str | None:
-    """The engine's key for this op: the caller's name (under its name scope unless
-    `ignore_name_scope`), else a trace-time name inside a graph, else the engine's eager count."""
-    if name is None:
-        return None if tf.executing_eagerly() else _bridge.graph_name(kind)
-    scope = "" if ignore_name_scope else tf.get_current_name_scope()
-    return f"{scope}/{name}" if scope else name
-
-
-def _traced(name: str | None, kind: str) -> str | None:
-    """Inside a graph every op gets a trace-time name (also a gradient's): the same every step,
-    so the engine's response cache knows it."""
-    if name is None and not tf.executing_eagerly():
-        return _bridge.graph_name(kind)
-    return name
-
-
-def _rest(shape: tf.TensorShape) -> tf.TensorShape:
-    """The shape of a result whose dim 0 depends on the other ranks."""
-    return tf.TensorShape([None]).concatenate(shape[1:]) if shape.rank else shape
-
-
-# ----- allreduce -------------------------------------------------------------------------------
-def _allreduce_raw(
-    tensors: list[tf.Tensor],
-    name: str | None,
-    op: int,
-    prescale: float,
-    postscale: float,
-    process_set: ProcessSet,
-) -> list[tf.Tensor]:
-    name = _traced(name, ALLREDUCE)
-
-    def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        handle = submit_allreduce(ts, name, op, prescale, postscale, process_set, False, True)
-        return synchronize(handle)
-
-    return _bridge.run(
-        call, tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "HorovodAllreduce"
-    )
-
-
-def _allreduce_diff(
-    tensors: list[tf.Tensor],
-    name: str | None,
-    op: int,
-    prescale: float,
-    postscale: float,
-    process_set: ProcessSet,
-) -> list[tf.Tensor]:
-    @tf.custom_gradient
-    def forward(*xs: tf.Tensor) -> Any:
-        ys = _allreduce_raw(list(xs), name, op, prescale, postscale, process_set)
-
-        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            grad_name = None if name is None else f"{name}.grad"
-            return _allreduce_diff(list(dys), grad_name, op, prescale, postscale, process_set)
-
-        return ys, grad
-
-    out = forward(*tensors)
-    return list(out) if isinstance(out, list | tuple) else [out]
-
-
-_NO_ADASUM = "Adasum is not implemented in hora.tensorflow; use op=hvd.Average or op=hvd.Sum"
-
-
 def _resolve_op(average: bool | None, op: int | None) -> int:
     if op == Adasum:
-        raise NotImplementedError(_NO_ADASUM)
+        raise NotImplementedError(NO_ADASUM)
     return resolve_op(average, op, stacklevel=4)  # the user's call of allreduce
 
 
@@ -190,9 +129,9 @@ def allreduce(
         _refuse_sparse_scaling(prescale_factor, postscale_factor)
         return _sparse_allreduce(tensor, name, op, process_set)
     tensor = tf.convert_to_tensor(tensor)
-    key = _name(name, ALLREDUCE, ignore_name_scope)
+    key = op_name(name, ALLREDUCE, ignore_name_scope)
     compressed, ctx = compression.compress(tensor)
-    reduced = _allreduce_diff(
+    reduced = allreduce_diff(
         [compressed], key, op, float(prescale_factor), float(postscale_factor), process_set
     )[0]
     return compression.decompress(reduced, ctx)
@@ -228,9 +167,9 @@ def grouped_allreduce(
             )
             for t in tensors
         ]
-    key = _name(name, ALLREDUCE, ignore_name_scope)
+    key = op_name(name, ALLREDUCE, ignore_name_scope)
     pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    reduced = _allreduce_diff(
+    reduced = allreduce_diff(
         [p[0] for p in pairs],
         key,
         op,
@@ -241,54 +180,6 @@ def grouped_allreduce(
     return [compression.decompress(t, ctx) for t, (_, ctx) in zip(reduced, pairs, strict=True)]
 
 
-# ----- allgather -------------------------------------------------------------------------------
-def _allgather_raw(
-    tensors: list[tf.Tensor], name: str | None, process_set: ProcessSet
-) -> list[tf.Tensor]:
-    for t in tensors:
-        if t.shape.rank == 0:
-            raise ValueError("allgather needs tensors of at least one dimension")
-    name = _traced(name, ALLGATHER)
-
-    def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        return synchronize(submit_allgather(ts, name, process_set, True))
-
-    return _bridge.run(
-        call,
-        tensors,
-        [t.dtype for t in tensors],
-        [_rest(t.shape) for t in tensors],
-        "HorovodAllgather",
-    )
-
-
-def _my_rows(grad: tf.Tensor, x: tf.Tensor, process_set: ProcessSet) -> tf.Tensor:
-    """This rank's rows of an allgather's gradient (rows per rank are gathered first)."""
-    counts = _allgather_raw(
-        [tf.reshape(tf.shape(x, out_type=tf.int64)[0], [1])], None, process_set
-    )[0]
-    index = process_set.ranks.index(rank())
-    start = tf.reduce_sum(counts[:index])
-    return grad[start : start + counts[index]]
-
-
-def _allgather_diff(
-    tensors: list[tf.Tensor], name: str | None, process_set: ProcessSet
-) -> list[tf.Tensor]:
-    @tf.custom_gradient
-    def forward(*xs: tf.Tensor) -> Any:
-        ys = _allgather_raw(list(xs), name, process_set)
-
-        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            averaged = _allreduce_diff(list(dys), None, Average, 1.0, 1.0, process_set)
-            return [_my_rows(g, x, process_set) for g, x in zip(averaged, xs, strict=True)]
-
-        return ys, grad
-
-    out = forward(*tensors)
-    return list(out) if isinstance(out, list | tuple) else [out]
-
-
 def allgather(
     tensor: Any,
     name: str | None = None,
@@ -297,7 +188,7 @@ def allgather(
 ) -> tf.Tensor:
     """Concatenate every rank's `tensor` on dim 0 (which may differ); differentiable."""
     tensor = tf.convert_to_tensor(tensor)
-    return _allgather_diff([tensor], _name(name, ALLGATHER, ignore_name_scope), process_set)[0]
+    return allgather_diff([tensor], op_name(name, ALLGATHER, ignore_name_scope), process_set)[0]
 
 
 def grouped_allgather(
@@ -310,14 +201,14 @@ def grouped_allgather(
     if not tensors:
         return []
     ts = [tf.convert_to_tensor(t) for t in tensors]
-    return _allgather_diff(ts, _name(name, ALLGATHER, ignore_name_scope), process_set)
+    return allgather_diff(ts, op_name(name, ALLGATHER, ignore_name_scope), process_set)
 
 
 # ----- broadcast -------------------------------------------------------------------------------
 def _broadcast_raw(
     tensor: tf.Tensor, root_rank: int, name: str | None, process_set: ProcessSet
 ) -> tf.Tensor:
-    name = _traced(name, BROADCAST)
+    name = traced_name(name, BROADCAST)
 
     def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
         return [synchronize(submit_broadcast(ts[0], root_rank, name, process_set, False))]
@@ -334,7 +225,7 @@ def broadcast(
 ) -> tf.Tensor:
     """`root_rank`'s tensor on every rank; differentiable."""
     tensor = tf.convert_to_tensor(tensor)
-    key = _name(name, BROADCAST, ignore_name_scope)
+    key = op_name(name, BROADCAST, ignore_name_scope)
     root = int(root_rank)
 
     @tf.custom_gradient
@@ -342,164 +233,12 @@ def broadcast(
         y = _broadcast_raw(x, root, key, process_set)
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            averaged = _allreduce_diff([dy], None, Average, 1.0, 1.0, process_set)[0]
+            averaged = allreduce_diff([dy], None, Average, 1.0, 1.0, process_set)[0]
             return averaged if rank() == root else averaged * 0
 
         return y, grad
 
     return forward(tensor)
-
-
-# ----- alltoall --------------------------------------------------------------------------------
-def alltoall(
-    tensor: Any,
-    splits: Any = None,
-    name: str | None = None,
-    ignore_name_scope: bool = False,
-    process_set: ProcessSet = global_process_set,
-) -> Any:
-    """Rows `splits[i]` go to rank i of the set (an even split when None); returns the
-    gathered rows, plus the received splits when `splits` is given; differentiable."""
-    tensor = tf.convert_to_tensor(tensor)
-    if tensor.shape.rank == 0:
-        raise ValueError("alltoall needs a tensor of at least one dimension")
-    key = _name(name, ALLTOALL, ignore_name_scope)
-    n = process_set.size()  # the received splits' static shape: None while not registered
-    split_tensor = None if splits is None else tf.convert_to_tensor(splits, dtype=tf.int32)
-
-    @tf.custom_gradient
-    def forward(x: tf.Tensor) -> Any:
-        output, received = _alltoall_raw(x, split_tensor, key, process_set, n)
-
-        def grad(dy: tf.Tensor, _: Any = None) -> tf.Tensor:
-            back, _sent = _alltoall_raw(dy, received, None, process_set, n)
-            unsent = tf.shape(x)[0] - tf.shape(back)[0]  # rows not sent get no gradient
-            return tf.concat(
-                [back, tf.zeros(tf.concat([[unsent], tf.shape(back)[1:]], 0), back.dtype)], 0
-            )
-
-        return (output, received), grad
-
-    output, received = forward(tensor)
-    return output if splits is None else (output, received)
-
-
-def _alltoall_raw(
-    tensor: tf.Tensor,
-    splits: tf.Tensor | None,
-    name: str | None,
-    process_set: ProcessSet,
-    n: int | None,
-) -> tuple[tf.Tensor, tf.Tensor]:
-    name = _traced(name, ALLTOALL)
-
-    def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        given = ts[1] if len(ts) > 1 else None
-        out, received = synchronize(submit_alltoall(ts[0], given, name, process_set, True))
-        return [out, torch.as_tensor(received, dtype=torch.int32)]
-
-    inputs = [tensor] if splits is None else [tensor, splits]
-    out, received = _bridge.run(
-        call,
-        inputs,
-        [tensor.dtype, tf.int32],
-        [_rest(tensor.shape), tf.TensorShape([n])],
-        "HorovodAlltoall",
-    )
-    return out, received
-
-
-# ----- reducescatter ---------------------------------------------------------------------------
-def _reducescatter_diff(
-    tensors: list[tf.Tensor],
-    name: str | None,
-    op: int,
-    prescale: float,
-    postscale: float,
-    process_set: ProcessSet,
-) -> list[tf.Tensor]:
-    if op == Adasum:
-        raise NotImplementedError(_NO_ADASUM)
-    if op not in (Average, Sum):
-        raise ValueError("reducescatter supports only op=Average and op=Sum")
-    for t in tensors:
-        if t.shape.rank == 0:
-            raise ValueError("reducescatter needs tensors of at least one dimension")
-    name = _traced(name, REDUCESCATTER)
-
-    def call(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        return synchronize(
-            submit_reducescatter(ts, name, op, prescale, postscale, process_set, True)
-        )
-
-    @tf.custom_gradient
-    def forward(*xs: tf.Tensor) -> Any:
-        ys = _bridge.run(
-            call,
-            list(xs),
-            [t.dtype for t in xs],
-            [_rest(t.shape) for t in xs],
-            "HorovodReducescatter",
-        )
-
-        def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            gathered = _allgather_diff(list(dys), None, process_set)
-            scale = prescale * postscale * (len(process_set.ranks) if op == Sum else 1)
-            return [g if scale == 1 else g * tf.cast(scale, g.dtype) for g in gathered]
-
-        return ys, grad
-
-    out = forward(*tensors)
-    return list(out) if isinstance(out, list | tuple) else [out]
-
-
-def reducescatter(
-    tensor: Any,
-    device_dense: str = "",
-    compression: type[Compressor] = Compression.none,
-    op: int = Average,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-    ignore_name_scope: bool = False,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> tf.Tensor:
-    """Reduce over the ranks, then rank i keeps the i-th block of rows; differentiable."""
-    del device_dense
-    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
-    key = _name(name, REDUCESCATTER, ignore_name_scope)
-    out = _reducescatter_diff(
-        [compressed], key, op, float(prescale_factor), float(postscale_factor), process_set
-    )[0]
-    return compression.decompress(out, ctx)
-
-
-def grouped_reducescatter(
-    tensors: Sequence[Any],
-    device_dense: str = "",
-    compression: type[Compressor] = Compression.none,
-    op: int = Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    name: str | None = None,
-    ignore_name_scope: bool = False,
-) -> list[tf.Tensor]:
-    """Reducescatter a list of tensors as one operation; differentiable."""
-    del device_dense
-    if not tensors:
-        return []
-    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    key = _name(name, REDUCESCATTER, ignore_name_scope)
-    outs = _reducescatter_diff(
-        [p[0] for p in pairs],
-        key,
-        op,
-        float(prescale_factor),
-        float(postscale_factor),
-        process_set,
-    )
-    return [compression.decompress(t, ctx) for t, (_, ctx) in zip(outs, pairs, strict=True)]
 
 
 # ----- ranks and sizes as ops ------------------------------------------------------------------
