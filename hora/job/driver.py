@@ -27,6 +27,7 @@ from hora._output_files import OutputFiles
 from hora.checkpoint import remove_host_commits
 from hora.config import RunConfig
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
+from hora.job import callbacks
 from hora.job.elastic import AttemptResized, Capacity, GrowthWatch, Sizer, TooFewSlots
 from hora.job.metrics import MetricsLog
 from hora.job.monitor import Group, Limits, Monitor
@@ -215,18 +216,15 @@ class Job:
             | environment.run_env(self.run_id, config.elastic)
         )
         group = self.new_group(attempt, env)
-        self.metrics.start_attempt(attempt.index, attempt.np)
-        monitor = Monitor(
-            group,
-            attempt.np,
-            self.payload,
-            config.collect_all,
+        watchers = callbacks.for_attempt(
+            attempt.index,
             timeline,
+            self.metrics,
+            self.output_files,
+            self._growth(attempt),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
-            output_files=self.output_files,
-            metrics=self.metrics,
-            growth=self._growth(attempt),
         )
+        monitor = Monitor(group, attempt.np, self.payload, config.collect_all, watchers)
         try:
             group.start()
             return monitor.watch(Limits(config.start_timeout, config.timeout, deadline))

@@ -3,7 +3,10 @@
 Everything the group reports arrives on one queue and is handled on the caller's thread, so logs
 print in order, in the caller's cell, and nothing prints after the attempt is over. The monitor
 decides nothing about restarts: it returns the results, or raises the attempt's
-`WorkerFailedError` / `RunTimeoutError` for the failure policy to judge.
+`WorkerFailedError` / `RunTimeoutError` for the failure policy to judge. It goes through explicit
+states (`AttemptState`); what the driver does beside (the console, output files, the timeline,
+live metrics, the growth watch) are callbacks (`hora.job.callbacks`) told of each change, each
+rank's output and reports, and each turn of the loop.
 """
 
 from __future__ import annotations
@@ -14,23 +17,21 @@ import queue
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hora._output_files import OutputFiles
 from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
-from hora.job.elastic import AttemptResized, GrowthWatch
-from hora.job.metrics import MetricsLog
+from hora.job.callbacks import AttemptState, MonitorCallback
+from hora.job.elastic import AttemptResized
 from hora.job.stacks import StackRequest, take_request
-from hora.timeline import DriverTimeline
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
     EngineFailed,
     Error,
     Exited,
     Hello,
-    HostsUpdated,
     Metrics,
     Output,
     Payload,
@@ -94,38 +95,57 @@ class Monitor:
         np: int,
         payload: bytes,
         collect_all: bool,
-        timeline: DriverTimeline,
-        log_callback_only: bool = False,
-        output_files: OutputFiles | None = None,
-        metrics: MetricsLog | None = None,
-        growth: GrowthWatch | None = None,
+        callbacks: Sequence[MonitorCallback] = (),
     ):
         self.group = group
         self.np = np
         self.payload = payload
         self.collect_all = collect_all
-        self.timeline = timeline
-        self.log_callback_only = log_callback_only
-        self.output_files = output_files  # the run's, shared by its attempts
-        self.metrics = metrics or MetricsLog(progress=False)  # the run's, shared by its attempts
+        self.callbacks = tuple(callbacks)
         self.started: dict[int, str] = {}  # rank -> host
         self.results: dict[int, bytes | None] = {}
         self.exits: dict[int, int] = {}
         self.closed: set[int] = set()  # ranks whose worker channel has closed (fully read)
         self.failures: dict[int, Failure] = {}
         self.tails: dict[int, deque[str]] = {r: deque(maxlen=TAIL_LINES) for r in range(np)}
-        self.stopping = False
-        self.stall: str | None = (
-            None  # rank 0's standing stall warning (hora.collectives._control.stall)
-        )
+        self.stall: str | None = None  # rank 0's standing stall warning (the stall inspector)
         self.stuck: tuple[int, ...] = ()  # the ranks that warning waits for
         self.connections: dict[int, Connection] = {}  # each started rank's channel
         self.dump: StackRequest | None = None  # asked when the run is stopped: in its story
         self.asked_by_user: StackRequest | None = None  # printed once answered, the run goes on
         self.last_heard: dict[int, float] = {}  # rank -> time.monotonic() of its last message
         self.silence_s = silence_seconds()
-        self.growth = growth  # an elastic attempt that may grow: asks the ranks when it can
         self.resized: dict[int, int] = {}  # rank -> the commit it stopped at, to grow
+        self.state = AttemptState.STARTING
+        for callback in self.callbacks:
+            callback.on_state(self, None, self.state)
+
+    # -- its state --------------------------------------------------------------------------
+    def _enter(self, state: AttemptState) -> None:
+        previous, self.state = self.state, state
+        if state is not previous:
+            for callback in self.callbacks:
+                callback.on_state(self, previous, state)
+
+    def _judged(self) -> AttemptState:
+        """The state the ranks' reports so far put a running attempt in."""
+        if self.failures:
+            return AttemptState.FAILING
+        if len(self.results) >= self.np:
+            return AttemptState.FINISHING
+        if len(self.started) == self.np:
+            return AttemptState.RUNNING
+        return AttemptState.STARTING
+
+    @property
+    def stopping(self) -> bool:
+        """The group was stopped (the driver sets it): what comes now is drained, not judged."""
+        return self.state is AttemptState.STOPPING
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        if value:
+            self._enter(AttemptState.STOPPING)
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
@@ -134,9 +154,12 @@ class Monitor:
         while True:
             now = time.monotonic()
             self._serve_user_dump()
-            self.metrics.flush()
             self._note_silent_ranks(now)
+            self._enter(self._judged())
+            for callback in self.callbacks:
+                callback.on_tick(self, now)
             if self._finished_attempt(now):
+                self._enter(AttemptState.SUCCEEDED)
                 return self.results
             self._check_limits(limits, start_deadline, now)
             try:
@@ -148,18 +171,17 @@ class Monitor:
     def _finished_attempt(self, now: float) -> bool:
         """Every rank returned (and exited, or had its grace to): True. A failure raises its
         story once the settle time and any question to the ranks are over; every rank stopped
-        at the same commit to grow raises AttemptResized. An elastic attempt that may grow asks
-        its ranks to stop at their next commit once the cluster has room."""
+        at the same commit to grow raises AttemptResized."""
         if self.failures:
             first = min(f.time for f in self.failures.values())
             if time.time() - first >= SETTLE_SECONDS and self._stacks_in(now):
+                self._enter(AttemptState.FAILED)
                 raise self.failure_error()
             return False
         if len(self.resized) == self.np:
+            self._enter(AttemptState.RESIZED)
             raise AttemptResized(max(self.resized.values()))
         if len(self.results) < self.np:
-            if self.growth is not None and len(self.started) == self.np and self.growth.due(now):
-                self._send_all(HostsUpdated())
             return False
         self._all_done_at = self._all_done_at or now
         return len(self.exits) == self.np or now - self._all_done_at > EXIT_GRACE_SECONDS
@@ -170,6 +192,7 @@ class Monitor:
         np = self.np
         if len(self.started) < np and now > start_deadline:
             missing = [r for r in range(np) if r not in self.started]
+            self._enter(AttemptState.TIMED_OUT)
             raise RunTimeoutError(
                 f"{len(missing)} of {np} workers did not start within start_timeout="
                 f"{limits.start_timeout:g} s: ranks {_ranks(missing)} never connected "
@@ -181,6 +204,7 @@ class Monitor:
             if self.dump is None:
                 self.dump = self._ask_where(f"the run reached timeout={limits.timeout:g} s")
             if self._stacks_in(now):
+                self._enter(AttemptState.TIMED_OUT)
                 raise self.timeout_error(limits)
 
     def handle(self, conn: Connection | None, message: Any) -> None:
@@ -211,27 +235,29 @@ class Monitor:
                 self.failures.setdefault(rank, failure)
 
     def _report(self, message: Any) -> None:
-        """What a running rank says: its output, timeline, stalls, metrics, stacks."""
+        """What a running rank says: its output, stalls, resizes and stacks here; the rest (its
+        timeline, metrics, a resume) to the callbacks."""
         match message:
             case Output(rank=rank, stream=stream, text=text):
                 self._output(rank, stream, text)
-            case TimelineBatch(rank=rank, path=path, batch=batch):
-                self.timeline.receive(rank, path, batch)
+                return
             case Stall(text=text, missing=missing, stopping=stopping):
                 self._stall(text, missing, stopping)
-            case Metrics(rank=rank, step=step, values=values):
-                self.metrics.receive(rank, step, values)
+                return
             case Resized(rank=rank, commit=commit):
                 self.resized[rank] = commit
+                return
             case Resumed(commit=commit, size=size):
                 made = f"{size} rank{'s' if size != 1 else ''}"
                 said = f"the ranks resumed from commit {commit} (made by {made})"
                 print(f"hora: {said}", file=sys.stderr, flush=True)
-                self.timeline.mark("resumed", {"commit": commit, "made_by": size})
             case Stacks(rank=rank, text=text):
                 for request in (self.dump, self.asked_by_user):
                     if request is not None:
                         request.answer(rank, text)
+                return
+        for callback in self.callbacks:
+            callback.on_report(message)
 
     def _closed(self, conn: Connection | None) -> None:
         rank = getattr(conn, "peer", None)
@@ -289,7 +315,8 @@ class Monitor:
             or rank in self.resized
         )
 
-    def _send_all(self, message: HostsUpdated) -> None:
+    def send_all(self, message: Any) -> None:
+        """Send `message` to every rank whose channel is still open."""
         for rank, conn in self.connections.items():
             if rank not in self.closed:
                 with contextlib.suppress(OSError):
@@ -329,14 +356,10 @@ class Monitor:
 
     def _output(self, rank: int, stream: str, text: str) -> None:
         self.tails[rank].append(text)
-        if self.output_files is not None:
-            self.output_files.write(rank, stream, text)
-        if self.log_callback_only and stream != "log":
-            return
         host = self.started.get(rank)
         where = f"{rank}@{host}" if host and self.group.multi_host else f"{rank}"
-        out = sys.stderr if stream == "stderr" else sys.stdout
-        print(f"[{where}] {text}", file=out, flush=True)
+        for callback in self.callbacks:
+            callback.on_output(rank, where, stream, text)
 
     def _exited(self, rank: int, code: int) -> None:
         self.exits[rank] = code
