@@ -1,4 +1,5 @@
-"""The backends a bucket's data moves through, and which one serves a call.
+"""The transports a bucket's data moves through (gloo, NCCL, shared memory, the hierarchical
+path), and which one serves a call.
 
 CPU allreduces of a set whose ranks share one host go through shared memory (`shm`); those of
 the global set of a job on several hosts, and its allgathers and broadcasts, through the
