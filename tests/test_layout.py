@@ -39,8 +39,10 @@ PACKAGE = REPO / "hora"
 FLOORS: dict[int, tuple[str, ...]] = {
     10: ("hora.__main__",),  # `python -m hora`: runs the command line, so it sits above it
     9: ("hora", "hora.cli"),  # the package's face and the command line
-    8: ("hora.api", "hora.spark", "hora._worker"),  # the doors, and what every worker runs first
-    7: ("hora.job",),  # the driver's lifecycle: launch, group, monitor, policy, restarts
+    8: ("hora.api", "hora.spark"),  # the doors
+    # the driver's lifecycle (launch, group, monitor, policy, restarts) and its twin, a rank's
+    # (the bootstrap every worker runs, its stacks); neither imports the other
+    7: ("hora.job", "hora.rank"),
     6: ("hora.config", "hora._script", "hora.keras"),  # the one RunConfig; a script as a job
     5: ("hora.torch", "hora.tensorflow"),  # Horovod's framework APIs
     4: ("hora.collectives", "hora.engines"),  # the collective engine; the engines that run ranks
@@ -50,7 +52,6 @@ FLOORS: dict[int, tuple[str, ...]] = {
         "hora._payload",
         "hora._output_files",
         "hora._deepspeed_ops",
-        "hora._stacks",
         "hora.reporters",
     ),
     1: ("hora.wire",),  # how processes talk: imports nothing of hora but hora.errors

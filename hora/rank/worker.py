@@ -1,4 +1,4 @@
-"""The worker bootstrap: `python -m hora._worker`, one per rank, whatever engine started it.
+"""The worker bootstrap: `python -m hora.rank.worker`, one per rank, whatever engine started it.
 
 It reads the driver's address and the run's secret from stdin (never from the environment, which
 other processes of the user can read), fetches the pickled job over the authenticated channel,
@@ -20,10 +20,11 @@ import traceback
 
 import cloudpickle
 
-from hora import _deepspeed_ops, _stacks
+from hora import _deepspeed_ops
 from hora._payload import dumps_result
 from hora._script import CommandFailed
 from hora.engines.spark import task_context
+from hora.rank import stacks
 from hora.wire import channel, link
 from hora.wire.protocol import (
     ALLOWED,
@@ -40,7 +41,7 @@ from hora.wire.protocol import (
 )
 
 BOOT_ENV_FLAG = "HORA_WORKER"
-_HORA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_HORA_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 HEARTBEAT_SECONDS = 2.0
@@ -63,7 +64,7 @@ def _watch_driver(conn: channel.Connection, rank: int, done: threading.Event) ->
         while True:
             message = conn.recv()
             if isinstance(message, DumpStacks):
-                conn.send(Stacks(rank, _stacks.dump(skip=threading.current_thread())))
+                conn.send(Stacks(rank, stacks.dump(skip=threading.current_thread())))
             elif isinstance(message, HostsUpdated):
                 link.note_hosts_updated()
     if not done.is_set():
