@@ -2,14 +2,16 @@
 
 It reads the driver's address and the run's secret from stdin (never from the environment, which
 other processes of the user can read), fetches the pickled job over the authenticated channel,
-runs it and sends back its result or its failure. If the driver goes away first, the worker
-kills its own process group: no orphan trains on after a crashed or interrupted driver.
+runs the engine's rank-side setup (`Boot.rank_setup`, named by the engine: the worker knows no
+engine), then the job, and sends back its result or its failure. If the driver goes away first,
+the worker kills its own process group: no orphan trains on after a crashed or interrupted driver.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import signal
 import socket
@@ -23,7 +25,6 @@ import cloudpickle
 from hora import _deepspeed_ops
 from hora._payload import dumps_result
 from hora._script import CommandFailed
-from hora.engines.spark import task_context
 from hora.rank import stacks
 from hora.wire import channel, link
 from hora.wire.protocol import (
@@ -101,6 +102,7 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
         target=_beat, args=(conn, rank, done), name="hora-heartbeat", daemon=True
     ).start()
     try:
+        _set_up(boot)
         fn, args, kwargs = cloudpickle.loads(job.job)
         result = fn(*args, **kwargs)
     except link.ResizeExit as exc:  # an elastic run stopped at a commit, to resize
@@ -118,6 +120,14 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
     except Exception as exc:
         return _report(conn, done, _failure(rank, exc))
     return _report(conn, done, Result(rank, data), status=0)
+
+
+def _set_up(boot: Boot) -> None:
+    """The engine's own setup of this rank (Spark's: pyspark's TaskContext is the rank's task),
+    before the job; a failure there is the rank's failure, told as any other."""
+    if boot.rank_setup:
+        module, _, name = boot.rank_setup.partition(":")
+        getattr(importlib.import_module(module), name)(boot)
 
 
 def _report(
@@ -141,7 +151,6 @@ def main() -> None:
     _deepspeed_ops.build_once_per_host()
     conn = channel.connect(boot.address, boot.secret, ALLOWED)
     conn.send(Hello(boot.rank, os.getpid(), socket.gethostname()))
-    task_context.install(boot.secret)  # on Spark: pyspark's TaskContext is the rank's task
     status = _run(boot, conn)
     conn.close()
     # Tearing down an interpreter that imported torch takes ~0.3 s and helps nobody; the atexit
