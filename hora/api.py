@@ -59,7 +59,7 @@ class Runner:
         self.np = np
         self.config = RunConfig(
             np=abs(np),
-            backend=backend or ("local" if np < 0 else _cluster_backend()),
+            backend=backend or (engines.DEFAULT if np < 0 else engines.for_cluster()),
             driver_log_verbosity=driver_log_verbosity,
             start_timeout=start_timeout,
             timeout=timeout,
@@ -137,10 +137,3 @@ def run(
 def _folder(path: str | os.PathLike[str] | None) -> str | None:
     """A path as RunConfig keeps it; anything else goes through for RunConfig to refuse."""
     return os.fspath(path) if isinstance(path, os.PathLike) else path
-
-
-def _cluster_backend() -> str:
-    """HorovodRunner's np > 0: the cluster the program has started (Spark first), else Spark,
-    whose launcher then says that a SparkSession is needed."""
-    found = engines.active(cluster_only=True)
-    return found.name if found else "spark"

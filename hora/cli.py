@@ -67,8 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_cmd.add_argument(
         "--backend",
-        choices=sorted(engines.names(), key=lambda name: name != "local"),
-        default="local",
+        choices=sorted(engines.names(), key=lambda name: name != engines.DEFAULT),
+        default=engines.DEFAULT,
         help="; ".join(f"{e.name}: {e.summary}" for e in engines.engines() if e.summary),
     )
     run_cmd.add_argument(
@@ -192,8 +192,11 @@ def _job_env(ns: argparse.Namespace) -> dict[str, str]:
 def _run(ns: argparse.Namespace) -> None:
     if ns.hosts_option:
         raise UsageError(_NO_HOSTS.format(option=ns.hosts_option))
-    if ns.remote and ns.backend != "spark":
-        raise UsageError("--remote names a Spark Connect server: use it with --backend spark")
+    takers = [e.name for e in engines.engines() if "remote" in e.session_options]
+    if ns.remote and ns.backend not in takers:
+        raise UsageError(
+            f"--remote names a Spark Connect server: use it with --backend {' or '.join(takers)}"
+        )
     words = ns.program[1:] if ns.program[:1] == ["--"] else ns.program
     program: Program = resolve(
         words,

@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from hora import engines
 
-#: an engine's name (hora.engines lists them: "local", "spark", "ray")
+#: an engine's name: the public keyword is `backend=` (Horovod's, pyspark's); hora.engines lists
+#: the engines
 Backend = str
 Verbosity = Literal["all", "log_callback_only"]
 #: gets the ranks' `hora.report` metrics: called with (step, metrics) for every complete step;
@@ -29,7 +30,7 @@ class RunConfig:
     """How many processes, on which engine, under which limits."""
 
     np: int
-    backend: Backend = "local"
+    backend: Backend = engines.DEFAULT
     driver_log_verbosity: Verbosity = "all"
     start_timeout: float = 600.0
     timeout: float | None = None
@@ -113,11 +114,6 @@ class RunConfig:
     def elastic(self) -> bool:
         """Whether the run may change its number of ranks (min_np or max_np was given)."""
         return self.min_np is not None or self.max_np is not None
-
-    @property
-    def restart_budget(self) -> int:
-        """max_restarts as resolved: how many attempts may follow the first."""
-        return self.max_restarts or 0
 
     @property
     def most_ranks(self) -> int:

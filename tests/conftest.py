@@ -42,7 +42,7 @@ def worker_processes() -> list[int]:
                 cmdline = f.read()
         except OSError:
             continue
-        if b"hora._worker" in cmdline:
+        if b"hora.rank.worker" in cmdline:
             found.append(pid)
     return found
 

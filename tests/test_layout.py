@@ -6,12 +6,15 @@ After Ray Train's `tests/test_circular_imports.py`, and more. Two readings of ho
   imports itself (hora/__init__.py's import order cannot hide a circle). A module fails on an
   import error, or when it loads, even dynamically, a module of another room on its floor or
   higher; a module whose optional framework is missing is skipped with the reason.
-- **Every import statement read (ast)**, module-level and inside functions (an import under
-  `if TYPE_CHECKING:` is not an arrow). It fails on an import circle between modules, an arrow
-  up the floors, a private name imported from outside the package that owns it, and a
-  function-level import of a hora module that is not in `FUNCTION_LEVEL_IMPORTS` with its reason;
-  inside hora.collectives, an arrow up its own rooms (`COLLECTIVES_ROOMS`: the control room
-  above the data room, which never imports it).
+- **Every import statement read (ast)**, module-level, inside functions and under
+  `if TYPE_CHECKING:` (a type-only arrow is an arrow too: it ties the modules as much). It fails
+  on an import circle between modules, an arrow up the floors, a private name imported from
+  outside the package that owns it, and a function-level import of a hora module that is not in
+  `FUNCTION_LEVEL_IMPORTS` with its reason; inside hora.collectives, an arrow up its own rooms
+  (`COLLECTIVES_ROOMS`: the control room above the data room, which never imports it).
+- **Engines named only in `hora/engines/`**: outside it, no module imports an engine package's
+  inner modules (only its face, its `__init__`, and only from the doors `ENGINE_DOORS` lists),
+  and no code spells an engine's name ("spark"): the registry and the faces say it.
 
 `python tests/test_layout.py` prints every finding without pytest.
 """
@@ -41,8 +44,10 @@ PACKAGE = REPO / "hora"
 FLOORS: dict[int, tuple[str, ...]] = {
     10: ("hora.__main__",),  # `python -m hora`: runs the command line, so it sits above it
     9: ("hora", "hora.cli"),  # the package's face and the command line
-    8: ("hora.api", "hora.spark", "hora._worker"),  # the doors, and what every worker runs first
-    7: ("hora.job",),  # the driver's lifecycle: launch, group, monitor, policy, restarts
+    8: ("hora.api", "hora.spark"),  # the doors
+    # the driver's lifecycle (launch, group, monitor, policy, restarts) and its twin, a rank's
+    # (the bootstrap every worker runs, its stacks); neither imports the other
+    7: ("hora.job", "hora.rank"),
     6: ("hora.config", "hora._script", "hora.keras"),  # the one RunConfig; a script as a job
     5: ("hora.torch", "hora.tensorflow"),  # Horovod's framework APIs
     4: ("hora.collectives", "hora.engines"),  # the collective engine; the engines that run ranks
@@ -52,7 +57,6 @@ FLOORS: dict[int, tuple[str, ...]] = {
         "hora._payload",
         "hora._output_files",
         "hora._deepspeed_ops",
-        "hora._stacks",
         "hora.reporters",
     ),
     1: ("hora.wire",),  # how processes talk: imports nothing of hora but hora.errors
@@ -88,6 +92,16 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
         "the driver and TorchModel's inference tasks import train.py too (TrainJob, the "
         "forward/loss step); only a training rank needs hora.torch and torch.distributed"
     ),
+}
+
+#: The doors outside hora/engines/ that may import an engine's face, face -> {room: why}.
+ENGINE_DOORS: dict[str, dict[str, str]] = {
+    "hora.engines.spark": {
+        "hora.spark": (
+            "pyspark's own doors (TorchDistributor, MirroredStrategyRunner, the estimator) are "
+            "the Spark engine's: they ask its face for the active session and its slots"
+        ),
+    },
 }
 
 
@@ -142,6 +156,8 @@ class Import:
     in_function: bool
     #: an attribute read on an imported module (`ops._group(...)`), not an import statement
     read: bool = False
+    #: under `if TYPE_CHECKING:`: for the type checker only, but an arrow all the same
+    type_only: bool = False
 
     @property
     def where(self) -> str:
@@ -149,7 +165,8 @@ class Import:
 
     @property
     def imported(self) -> str:
-        return f"{', '.join(self.names)} from {self.target}" if self.names else self.target
+        what = f"{', '.join(self.names)} from {self.target}" if self.names else self.target
+        return what + (" (under TYPE_CHECKING)" if self.type_only else "")
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -158,20 +175,28 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _statements(node: ast.AST, in_function: bool = False) -> Iterator[tuple[ast.AST, bool]]:
-    """Every import statement and attribute read under `node`, and whether it runs inside a
-    function; the bodies of `if TYPE_CHECKING:` are left out (their `else:` is not)."""
+def _statements(
+    node: ast.AST, in_function: bool = False, type_only: bool = False
+) -> Iterator[tuple[ast.AST, bool, bool]]:
+    """Every import statement and attribute read under `node`, whether it runs inside a
+    function, and whether it is for the type checker only (under `if TYPE_CHECKING:`)."""
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.Import | ast.ImportFrom | ast.Attribute):
-            yield child, in_function
+            yield child, in_function, type_only
         if isinstance(child, ast.If) and _is_type_checking(child.test):
+            for stmt in child.body:
+                yield from _statements(_module(stmt), in_function, True)
             for stmt in child.orelse:
-                yield from _statements(ast.Module(body=[stmt], type_ignores=[]), in_function)
+                yield from _statements(_module(stmt), in_function, type_only)
         else:
             inside = in_function or isinstance(
                 child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
             )
-            yield from _statements(child, inside)
+            yield from _statements(child, inside, type_only)
+
+
+def _module(stmt: ast.stmt) -> ast.Module:
+    return ast.Module(body=[stmt], type_ignores=[])
 
 
 def _absolute(importer: str, node: ast.ImportFrom) -> str:
@@ -204,13 +229,15 @@ def imports_of(importer: str) -> tuple[Import, ...]:
     tree = ast.parse(modules()[importer].read_text(), str(modules()[importer]))
     found: list[Import] = []
     bound: dict[str, str] = {}  # local name -> the hora module it is
-    for node, in_function in _statements(tree):
+    for node, in_function, type_only in _statements(tree):
         if isinstance(node, ast.Attribute):
             value = node.value
             if isinstance(value, ast.Name) and value.id in bound and is_private(node.attr):
                 target = bound[value.id]
                 found.append(
-                    Import(importer, target, (node.attr,), node.lineno, in_function, read=True)
+                    Import(
+                        importer, target, (node.attr,), node.lineno, in_function, True, type_only
+                    )
                 )
             continue
         by_target: dict[str, list[str]] = {}
@@ -223,7 +250,9 @@ def imports_of(importer: str) -> tuple[Import, ...]:
             elif local:
                 bound[local] = target
         for target, names in by_target.items():
-            found.append(Import(importer, target, tuple(names), node.lineno, in_function))
+            found.append(
+                Import(importer, target, tuple(names), node.lineno, in_function, False, type_only)
+            )
     return tuple(found)
 
 
@@ -433,7 +462,8 @@ def circles() -> list[str]:
         cycle = _cycle_through(min(members), members, graph)
         steps = "\n".join(
             f"  {a} -> {b}   ({graph[a][b].where}"
-            f"{', in a function' if graph[a][b].in_function else ''})"
+            f"{', in a function' if graph[a][b].in_function else ''}"
+            f"{', under TYPE_CHECKING' if graph[a][b].type_only else ''})"
             for a, b in itertools.pairwise(cycle)
         )
         found.append(
@@ -441,6 +471,95 @@ def circles() -> list[str]:
             f"for example:\n{steps}\nBreak it: move what both ends need into a module below "
             "them both, or pass it in as an argument; a function-level import only hides it."
         )
+    return found
+
+
+ENGINES = "hora.engines"
+
+
+def engine_packages() -> list[str]:
+    """hora.engines' subpackages: one engine each, its `__init__` its face."""
+    return [
+        name
+        for name in modules()
+        if name.startswith(ENGINES + ".") and name.count(".") == 2 and is_package(name)
+    ]
+
+
+def engine_names() -> dict[str, str]:
+    """Each engine's name as its face declares it (`ENGINE = Engine(name="spark", ...)`)."""
+    found = {}
+    for package in engine_packages():
+        for node in ast.walk(ast.parse(modules()[package].read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Engine":
+                for keyword in node.keywords:
+                    if keyword.arg == "name" and isinstance(keyword.value, ast.Constant):
+                        found[keyword.value.value] = package
+    return found
+
+
+def _spelled_names(tree: ast.AST) -> Iterator[ast.Constant]:
+    """The string constants of code: not docstrings, dict keys, subscripts or `__slots__`."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            skip.add(id(body[0].value))  # a docstring (or a bare string, which is one too)
+        if isinstance(node, ast.Dict):
+            skip.update(id(key) for key in node.keys if key is not None)
+        if isinstance(node, ast.Subscript):
+            skip.update(id(n) for n in ast.walk(node.slice))
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets
+        ):
+            skip.update(id(n) for n in ast.walk(node.value))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            yield node
+
+
+def engines_named_outside() -> list[str]:
+    return engine_imports_outside() + engine_names_spelled_outside()
+
+
+def engine_imports_outside() -> list[str]:
+    packages = engine_packages()
+    found = []
+    for arrow in every_import():
+        if room_of(arrow.importer) == ENGINES:
+            continue
+        face = next((p for p in packages if arrow.target.startswith(p)), None)
+        if face is None:
+            continue
+        if arrow.target != face and not arrow.target.startswith(face + "."):
+            continue
+        if arrow.target != face:
+            found.append(
+                f"{arrow.where}: {arrow.importer} imports {arrow.imported}, inside the engine "
+                f"{face}. Import what the doors need from its face ({face}); add it there."
+            )
+        elif room_of(arrow.importer) not in ENGINE_DOORS.get(face, {}):
+            found.append(
+                f"{arrow.where}: {arrow.importer} imports the engine {face}: only its own doors "
+                "may (ENGINE_DOORS). Ask the registry (hora.engines: get, active, resolve, "
+                "DEFAULT) instead, or list the door in ENGINE_DOORS with the reason."
+            )
+    return found
+
+
+def engine_names_spelled_outside() -> list[str]:
+    names = engine_names()
+    found = []
+    for name, path in modules().items():
+        if room_of(name) == ENGINES:
+            continue
+        for node in _spelled_names(ast.parse(path.read_text())):
+            if node.value in names:
+                found.append(
+                    f"{path.relative_to(REPO)}:{node.lineno}: {name} spells the engine name "
+                    f"{node.value!r}. Ask the registry (hora.engines.DEFAULT, for_cluster(), "
+                    f"resolve()) or the engine's face ({names[node.value]}.ENGINE.name)."
+                )
     return found
 
 
@@ -452,6 +571,7 @@ RULES = {
     "private names across packages": private_crossings,
     "function-level imports": unlisted_function_imports,
     "stale allow-list entries": stale_allowances,
+    "engines named outside hora/engines": engines_named_outside,
 }
 
 

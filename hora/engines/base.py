@@ -1,37 +1,78 @@
-"""What every engine implements: start `np` workers that dial the driver, and stop them all."""
+"""What every engine implements: start `np` workers that dial the driver, and stop them all.
+
+A launcher gets an `AttemptSpec` (what to start) when it is built and a `LaunchContext` (where
+the driver listens) when it starts; it never sees the run's `RunConfig`, which the driver's
+`hora.job` turns into one spec per attempt.
+"""
 
 from __future__ import annotations
 
 import queue
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from hora import environment
 from hora.wire.protocol import Boot, DriverMessage
 
 
 @dataclass(frozen=True)
-class LaunchContext:
-    """What a launcher needs from the driver to start workers."""
+class AttemptSpec:
+    """All a launcher (and an engine's capacity count) gets of a run: one attempt's ranks."""
 
+    #: how many ranks this attempt starts: the one source of `np` after the door
     np: int
+    #: which attempt of the run (0: the first); a later one waits for lost capacity to return
+    attempt: int = 0
+    #: how long the launcher may wait for its slots: the run's start_timeout, never past the
+    #: run's deadline (its `timeout`)
+    start_timeout: float = 600.0
+    #: GPU pinning: True gives every rank its GPUs, False none, None pins when the cluster
+    #: gives ranks GPUs
+    use_gpu: bool | None = None
+    #: the engine's own options, checked and completed by its `check_options`
+    options: Mapping[str, Any] = field(default_factory=dict)
+    #: what every rank's environment gets beyond the contract: the driver's variables, the
+    #: user's `env`, this attempt's number and the run's id
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: the most ranks any attempt of the run may have (an elastic run's max_np; else np)
+    max_np: int | None = None
+
+    @property
+    def restart(self) -> bool:
+        """Whether an attempt came before this one."""
+        return self.attempt > 0
+
+    @property
+    def most_ranks(self) -> int:
+        return self.max_np if self.max_np is not None else self.np
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """Where the driver listens for this attempt's workers, and how they prove they belong."""
+
     address: tuple[str, int]  # the driver's channel
     secret: bytes
     events: queue.Queue  # a launcher reports Output, Exited and EngineFailed messages here
-    env: Mapping[str, str]
+    #: the engine's rank-side setup ("module:function", `Engine.rank_setup`), or ""
+    rank_setup: str = ""
 
     def boot(self, rank: int) -> Boot:
         """What a worker reads on stdin to find and authenticate to the driver; the driver's
-        import path goes with it (modules it can import unpickle in the worker)."""
-        return Boot(self.address, self.secret, rank, tuple(environment.driver_sys_path()))
+        import path goes with it (modules it can import unpickle in the worker), and the setup
+        the worker runs before the job."""
+        sys_path = tuple(environment.driver_sys_path())
+        return Boot(self.address, self.secret, rank, sys_path, self.rank_setup)
 
     def report(self, message: DriverMessage) -> None:
         self.events.put((None, message))
 
 
 class Launcher(ABC):
-    """Where and how workers are started. One subclass per engine."""
+    """Where and how workers are started. One subclass per engine, built with `(spec)`: it
+    checks the engine (cluster, slots, Python) before anything starts."""
 
     #: the interface the driver's channel listens on; workers must be able to reach it
     channel_host: str = "127.0.0.1"

@@ -26,7 +26,7 @@ _PUMP_GRACE_SECONDS = 1.0
 
 
 class WorkerProcess:
-    """`python -m hora._worker` for one rank; `on_exit` fires after its last output line."""
+    """`python -m hora.rank.worker` for one rank; `on_exit` fires after its last output line."""
 
     def __init__(
         self,
@@ -37,7 +37,7 @@ class WorkerProcess:
         cwd: str | None = None,
     ):
         self._proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "hora._worker"],
+            [sys.executable, "-u", "-m", "hora.rank.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

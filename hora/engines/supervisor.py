@@ -1,7 +1,7 @@
 """A rank's supervisor on a cluster engine: what a Spark task and a Ray actor both do for it.
 
 The supervisor runs inside the cluster's own worker process (Spark's reused Python worker, a Ray
-actor), so it never runs the job itself: it starts `python -m hora._worker` in a fresh process
+actor), so it never runs the job itself: it starts `python -m hora.rank.worker` in a fresh process
 with the rank's environment (CUDA_VISIBLE_DEVICES included, before torch is imported), forwards
 the worker's output lines and exit code to the driver's channel, and stops the worker (SIGTERM,
 then SIGKILL) when it leaves, whatever made it leave.

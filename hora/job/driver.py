@@ -13,10 +13,11 @@ attempt after the first, whether it follows a failure or a resize, spends one of
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -26,9 +27,10 @@ from hora import environment
 from hora._output_files import OutputFiles
 from hora.checkpoint import remove_host_commits
 from hora.config import RunConfig
+from hora.engines.base import AttemptSpec
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
 from hora.job import callbacks
-from hora.job.elastic import AttemptResized, Capacity, GrowthWatch, Sizer, TooFewSlots
+from hora.job.elastic import AttemptResized, GrowthWatch, Sizer, TooFewSlots
 from hora.job.metrics import MetricsLog
 from hora.job.monitor import Group, Limits, Monitor
 from hora.job.policy import FailurePolicy
@@ -45,21 +47,24 @@ class StartableGroup(Group, Protocol):
 
 @dataclass(frozen=True)
 class Attempt:
-    """The `index`-th (from 0) of at most `total` attempts of a run, with `np` ranks."""
+    """The `index`-th (from 0) attempt of a run that allows `max_restarts` after the first, with
+    `np` ranks."""
 
     index: int
-    total: int
+    max_restarts: int
     np: int = 1
 
     def next(self, np: int) -> Attempt:
-        return Attempt(self.index + 1, self.total, np)
+        return Attempt(self.index + 1, self.max_restarts, np)
 
     def __str__(self) -> str:
-        return f"attempt {self.index + 1} of {self.total}"
+        return f"attempt {self.index + 1} of {self.max_restarts + 1}"
 
 
-#: builds the (not yet started) group of one attempt, given the workers' extra environment
-NewGroup = Callable[[Attempt, Mapping[str, str]], StartableGroup]
+#: builds the (not yet started) group of one attempt: the engine's launcher, given its spec
+NewGroup = Callable[[AttemptSpec], StartableGroup]
+#: the engine's count of the ranks it could run now: `(the run's spec, held) -> ranks`
+EngineCapacity = Callable[[AttemptSpec, int], int]
 
 
 class Job:
@@ -71,13 +76,23 @@ class Job:
         payload: bytes,
         new_group: NewGroup,
         policy: FailurePolicy | None = None,
-        capacity: Capacity | None = None,
+        capacity: EngineCapacity | None = None,
         commits_here: bool = False,
     ):
         self.config = config
         self.payload = payload
         self.new_group = new_group
-        self.policy = policy or FailurePolicy(config.restart_budget)
+        # RunConfig resolved max_restarts (None only before it did); from here on, the policy's
+        self.policy = policy or FailurePolicy(config.max_restarts or 0)
+        # What a launcher gets of the run; each attempt's spec is this one with its own np,
+        # number, start wait and environment.
+        self.spec = AttemptSpec(
+            np=config.np,
+            start_timeout=config.start_timeout,
+            use_gpu=config.use_gpu,
+            options=config.engine_options,
+            max_np=config.most_ranks,
+        )
         self.failed: list[WorkerFailedError] = []  # one story per failed attempt, in order
         # One for the run: a restarted attempt's reports follow the ones before it.
         self.metrics = MetricsLog(config.reporters(), progress=config.progress)
@@ -87,22 +102,28 @@ class Job:
         if config.elastic:
             if capacity is None:
                 raise ValueError("an elastic run needs its engine's capacity")
-            self.sizer = Sizer(config.min_np or 1, config.most_ranks, capacity)
+            spec = self.spec
+            self.sizer = Sizer(config.min_np or 1, config.most_ranks, lambda h: capacity(spec, h))
         self._hosts: dict[int, str] = {}  # the last attempt's rank -> host
+        self._first: StartableGroup | None = None  # built before anything else of the run
 
     def run(self) -> list[Any]:
         config = self.config
         deadline = time.monotonic() + config.timeout if config.timeout else None
-        # Before anything starts (a bad folder is a ValueError); one for the run: an attempt's
-        # output follows the one before it.
-        self.output_files = (
-            OutputFiles(config.output_filename, config.most_ranks)
-            if config.output_filename
-            else None
-        )
-        timeline = DriverTimeline()  # one for the run: restarts are marks in the same trace
+        self.output_files = None
+        timeline = None
         try:
-            attempt = Attempt(0, config.restart_budget + 1, config.np)
+            attempt = Attempt(0, self.policy.max_restarts, config.np)
+            # The engine checks its cluster (slots, Python) first, before anything is written.
+            self._first = self.new_group(self._spec(attempt, deadline))
+            # Before anything starts (a bad folder is a ValueError); one for the run: an
+            # attempt's output follows the one before it.
+            self.output_files = (
+                OutputFiles(config.output_filename, config.most_ranks)
+                if config.output_filename
+                else None
+            )
+            timeline = DriverTimeline()  # one for the run: restarts are marks in the same trace
             while True:
                 try:
                     results = self._attempt_explained(attempt, timeline, deadline)
@@ -122,7 +143,8 @@ class Job:
                     raise
                 return [_loads(results.get(r)) for r in range(attempt.np)]
         finally:
-            timeline.close()
+            if timeline is not None:
+                timeline.close()
             self.metrics.close()
             if self.output_files is not None:
                 self.output_files.close()
@@ -140,7 +162,7 @@ class Job:
         """The next attempt after a failure: the same size, or (elastic) the cluster's."""
         config = self.config
         if self.sizer is None:
-            _say(f"hora: restarting every rank (max_restarts={config.max_restarts})")
+            _say(f"hora: restarting every rank (max_restarts={self.policy.max_restarts})")
             timeline.mark("restart", {"failed": str(attempt), "cause": _first_line(error)})
             return attempt.next(attempt.np)
         why = self._lost(error)
@@ -209,13 +231,7 @@ class Job:
         config = self.config
         if attempt.index:
             _say(f"hora: {attempt} starting" + (f" ({attempt.np} ranks)" if config.elastic else ""))
-        env = (
-            environment.driver_env()
-            | dict(config.env)
-            | environment.restart_env(attempt.index, config.restart_budget)
-            | environment.run_env(self.run_id, config.elastic)
-        )
-        group = self.new_group(attempt, env)
+        group, self._first = self._first or self.new_group(self._spec(attempt, deadline)), None
         watchers = callbacks.for_attempt(
             attempt.index,
             timeline,
@@ -234,12 +250,30 @@ class Job:
             monitor.drain()
             self._hosts = dict(monitor.started) if group.multi_host else {}
 
+    def _spec(self, attempt: Attempt, deadline: float | None) -> AttemptSpec:
+        """What the launcher of `attempt` gets: its ranks, its wait for slots (never past the
+        run's deadline), and the ranks' environment."""
+        config = self.config
+        env = (
+            environment.driver_env()
+            | dict(config.env)
+            | environment.restart_env(attempt.index, attempt.max_restarts)
+            | environment.run_env(self.run_id, config.elastic)
+        )
+        return dataclasses.replace(
+            self.spec,
+            np=attempt.np,
+            attempt=attempt.index,
+            start_timeout=_wait(config.start_timeout, deadline),
+            env=env,
+        )
+
     def _growth(self, attempt: Attempt) -> GrowthWatch | None:
         """A watch for returning slots, when the attempt may grow and the budget allows it."""
         sizer = self.sizer
         if sizer is None or attempt.np >= sizer.max_np:
             return None
-        if attempt.index >= self.config.restart_budget:
+        if attempt.index >= self.policy.max_restarts:
             return None  # no attempt left to grow into: the run finishes at this size
         return GrowthWatch(attempt.np, sizer.capacity, sizer.settle)
 
@@ -249,7 +283,7 @@ class Job:
         first = self.failed[0]
         total = len(self.failed)
         lines = [
-            f"every attempt failed ({total} of {total}, max_restarts={self.config.max_restarts}); "
+            f"every attempt failed ({total} of {total}, max_restarts={self.policy.max_restarts}); "
             "each attempt's root cause, first failure first:"
         ]
         for index, error in enumerate(self.failed):

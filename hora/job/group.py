@@ -8,7 +8,6 @@ barrier stage. Stale messages of a stopped attempt cannot reach the next one.
 from __future__ import annotations
 
 import queue
-from collections.abc import Mapping
 
 from hora.engines.base import LaunchContext, Launcher
 from hora.wire import channel
@@ -16,13 +15,13 @@ from hora.wire.protocol import ALLOWED
 
 
 class WorkerGroup:
-    """`np` workers started by `launcher`; everything they and the launcher report arrives on
-    `events` as `(connection or None, message)` pairs."""
+    """The workers `launcher` starts (its `AttemptSpec` says how many); everything they and the
+    launcher report arrives on `events` as `(connection or None, message)` pairs. `rank_setup`:
+    the engine's, which every worker runs before the job."""
 
-    def __init__(self, np: int, launcher: Launcher, env: Mapping[str, str]):
-        self.np = np
+    def __init__(self, launcher: Launcher, rank_setup: str | None = None):
         self.launcher = launcher
-        self.env = dict(env)
+        self.rank_setup = rank_setup or ""
         self.events: queue.Queue = queue.Queue()
         self._server: channel.Server | None = None
 
@@ -35,7 +34,7 @@ class WorkerGroup:
         secret = channel.new_secret()
         self._server = channel.Server(secret, self.events, ALLOWED, host=self.launcher.channel_host)
         address = self._server.address
-        self.launcher.start(LaunchContext(self.np, address, secret, self.events, self.env))
+        self.launcher.start(LaunchContext(address, secret, self.events, self.rank_setup))
 
     def stop(self) -> None:
         """Stop every worker and close the channel (a worker that outlived its supervisor sees

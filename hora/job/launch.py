@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from hora import engines
 from hora._payload import dumps_job
 from hora.config import RunConfig
-from hora.job.driver import Attempt, Job
+from hora.engines.base import AttemptSpec
+from hora.job.driver import Job
 from hora.job.group import WorkerGroup
 
 
@@ -39,19 +39,12 @@ def launch_with_metrics(
         raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
     payload = dumps_job(fn, tuple(args), dict(kwargs))
     engine = engines.get(config.backend)
-    first = engine.make_launcher(config)
 
-    def new_group(attempt: Attempt, env: Mapping[str, str]) -> WorkerGroup:
-        if attempt.index == 0:
-            launcher = first
-        else:  # an elastic run's attempt may have another size
-            sized = dataclasses.replace(config, np=attempt.np)
-            launcher = engine.make_launcher(sized, restart=True)
-        return WorkerGroup(attempt.np, launcher, env)
+    def new_group(spec: AttemptSpec) -> WorkerGroup:
+        return WorkerGroup(engine.make_launcher(spec), engine.rank_setup)
 
-    def capacity(held: int) -> int:
-        return engine.free_ranks(config, held)
-
-    job = Job(config, payload, new_group, capacity=capacity, commits_here=engine.on_this_host)
+    job = Job(
+        config, payload, new_group, capacity=engine.free_ranks, commits_here=engine.on_this_host
+    )
     results = job.run()
     return results, job.metrics.history()

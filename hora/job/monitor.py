@@ -46,7 +46,7 @@ from hora.wire.protocol import (
 TAIL_LINES = 30
 SETTLE_SECONDS = 0.3  # after a first failure, wait this long for its cause to be reported too
 EXIT_GRACE_SECONDS = 10.0  # after every result is in, how long ranks get to exit by themselves
-# A running rank sends a heartbeat every 2 s (hora._worker); this long without a word from it,
+# A running rank sends a heartbeat every 2 s (hora.rank.worker); this long without a word from it,
 # its host is taken as cut off (or the process as frozen), and the attempt fails naming it.
 SILENCE_VAR = "HORA_HEARTBEAT_TIMEOUT_SECONDS"
 DEFAULT_SILENCE_SECONDS = 30.0

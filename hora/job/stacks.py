@@ -2,7 +2,7 @@
 
 The driver asks (a `DumpStacks` on each rank's channel) when a run times out, when the stall
 inspector stops every rank, and when the user asks (`hora run` gets SIGUSR1); each rank answers
-from a thread of its own (`hora._stacks`). A rank that cannot answer within a few seconds is
+from a thread of its own (`hora.rank.stacks`). A rank that cannot answer within a few seconds is
 named as such: it has finished, or it holds the GIL in native code.
 """
 

@@ -87,7 +87,7 @@ class DeepspeedTorchDistributor(TorchDistributor):
             self._checked = True
         if self.local_mode and self._config is not None:  # the ranks' host is this one
             _deepspeed_ops.refuse_unbuildable(self._config)
-        config = self._engine()
+        config = self._run_config
         if not isinstance(train_object, str | os.PathLike):
             if _takes_config(train_object):
                 if CONFIG_KEYWORD in kwargs:

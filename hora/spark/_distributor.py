@@ -18,12 +18,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from hora import environment
+from hora import engines, environment
 from hora._script import check_script, run_script
 from hora.config import RunConfig
-from hora.engines.spark import checks as spark_checks
-from hora.engines.spark.options import TORCH_IGNORE_SSL
-from hora.engines.spark.session import active_session
+from hora.engines.spark import ENGINE as SPARK
+from hora.engines.spark import TORCH_IGNORE_SSL, active_session, gpu_amount_key
 from hora.job import launch
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -65,10 +64,9 @@ class TorchDistributor:
         if not self.local_mode:
             _require_spark_session(type(self).__name__, self._LOCAL_MODE)
         self.num_tasks = self._tasks()
-        # A bad value fails here, before any run.
-        RunConfig(np=self.num_processes, max_restarts=max_restarts, min_np=min_np, max_np=max_np)
         self.max_restarts = max_restarts
         self.min_np, self.max_np = min_np, max_np
+        self._run_config = self._engine()  # the one check: a bad value fails here, before a run
 
     def _tasks(self) -> int:
         """How many Spark tasks (pyspark's `_get_num_tasks`): the GPUs this run needs must be
@@ -103,7 +101,7 @@ class TorchDistributor:
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run `train_object(*args, **kwargs)` on every rank and return rank 0's value, or run
         the script at path `train_object` with the string arguments `args` and return None."""
-        config = self._engine()
+        config = self._run_config
         if isinstance(train_object, str | os.PathLike):
             if kwargs:
                 raise ValueError(
@@ -129,7 +127,7 @@ class TorchDistributor:
                 env[CUDA_VISIBLE_DEVICES] = ""
         return RunConfig(
             np=self.num_processes,
-            backend="local" if self.local_mode else "spark",
+            backend=engines.DEFAULT if self.local_mode else SPARK.name,
             env=env,
             max_restarts=self.max_restarts,
             use_gpu=None if self.local_mode else self.use_gpu,
@@ -150,7 +148,7 @@ def positive_int(name: str, value: Any) -> int:
 
 def _check_task_gpus(num_processes: int) -> None:
     """On Spark with GPUs: every task needs one GPU (`spark.task.resource.gpu.amount` = 1)."""
-    key = spark_checks.gpu_amount_key()
+    key = gpu_amount_key()
     session = active_session()
     value = session.conf(key, "0") if session is not None else "0"
     try:

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
-from hora import environment
+from hora import engines, environment
 from hora.config import RunConfig
-from hora.engines.spark.base import Session
-from hora.engines.spark.session import active_session
+from hora.engines.spark import ENGINE as SPARK
+from hora.engines.spark import Session, active_session
 from hora.job import launch
 from hora.spark._distributor import CUDA_VISIBLE_DEVICES, driver_gpus
 
@@ -126,7 +126,7 @@ class MirroredStrategyRunner:
         if self.local_mode:
             config = RunConfig(
                 np=1,
-                backend="local",
+                backend=engines.DEFAULT,
                 env={CUDA_VISIBLE_DEVICES: self._local_gpus()},
                 collect_all=False,
             )
@@ -138,7 +138,7 @@ class MirroredStrategyRunner:
             counts = [self.num_slots // tasks + (p < self.num_slots % tasks) for p in range(tasks)]
         config = RunConfig(
             np=tasks,
-            backend="spark",
+            backend=SPARK.name,
             use_gpu=self.use_gpu,
             env={} if self.use_gpu else {CUDA_VISIBLE_DEVICES: ""},
             collect_all=False,

@@ -1,7 +1,7 @@
 """A worker's link to its driver: `log_to_driver`, hora's own reports, and keys derived from the
 run's secret.
 
-The worker bootstrap (`hora._worker`) attaches one `DriverLink` while the user's job runs; code
+The worker bootstrap (`hora.rank.worker`) attaches one `DriverLink` while the user's job runs; code
 deeper down (the collectives' stall inspector, the timeline, checkpoints) asks `current()` and
 works as a plain process would when there is none, so the same training code runs anywhere.
 """

@@ -39,10 +39,14 @@ class Boot(NamedTuple):
     secret: bytes
     rank: int
     sys_path: tuple[str, ...] = ()  # the driver's import path, appended in the worker
+    #: "module:function" the worker calls with this Boot before the job: the engine's own
+    #: rank-side setup (`hora.engines.Engine.rank_setup`); "" for none
+    rank_setup: str = ""
 
     def to_line(self) -> str:
         fields = {"address": list(self.address), "secret": self.secret.hex(), "rank": self.rank}
-        return json.dumps(fields | {"sys_path": list(self.sys_path)}) + "\n"
+        fields |= {"sys_path": list(self.sys_path), "rank_setup": self.rank_setup}
+        return json.dumps(fields) + "\n"
 
     @classmethod
     def from_line(cls, line: str) -> Boot:
@@ -53,6 +57,7 @@ class Boot(NamedTuple):
             bytes.fromhex(data["secret"]),
             int(data["rank"]),
             tuple(data.get("sys_path", ())),
+            str(data.get("rank_setup", "")),
         )
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from hora import engines
 from hora.config import ELASTIC_MAX_RESTARTS, RunConfig
+from hora.engines.base import AttemptSpec
 from hora.errors import WorkerFailedError
 from hora.job.driver import Attempt, Job
 from hora.job.elastic import GrowthWatch
@@ -23,12 +24,13 @@ def drive(scripts, capacity, **config):
     """Run a Job of fake groups; returns (results, each group's (np, env))."""
     groups: list[tuple[int, FakeGroup]] = []
 
-    def new_group(attempt: Attempt, env) -> FakeGroup:
-        group = FakeGroup(scripts[attempt.index](attempt.np), dict(env))
-        groups.append((attempt.np, group))
+    def new_group(spec: AttemptSpec) -> FakeGroup:
+        group = FakeGroup(scripts[spec.attempt](spec.np), dict(spec.env))
+        groups.append((spec.np, group))
         return group
 
-    job = Job(RunConfig(collect_all=True, **config), b"job", new_group, capacity=capacity)
+    count = lambda spec, held: capacity(held)  # noqa: E731
+    job = Job(RunConfig(collect_all=True, **config), b"job", new_group, capacity=count)
     try:
         return job.run(), groups
     finally:
@@ -99,10 +101,10 @@ def test_the_growth_watch_asks_once_after_the_count_held_and_only_while_budget_i
     due = [watch.due(t) for t in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)]
     assert due == [False, False, False, False, False, True, False]
     config = RunConfig(np=2, min_np=1, max_np=4, max_restarts=1)
-    job = Job(config, b"", lambda a, e: None, capacity=lambda held: 4)  # type: ignore[arg-type]
-    assert job._growth(Attempt(0, 2, 2)) is not None
-    assert job._growth(Attempt(1, 2, 2)) is None  # no attempt left to grow into
-    assert job._growth(Attempt(0, 2, 4)) is None  # already max_np
+    job = Job(config, b"", lambda spec: None, capacity=lambda spec, held: 4)  # type: ignore[arg-type]
+    assert job._growth(Attempt(0, 1, 2)) is not None
+    assert job._growth(Attempt(1, 1, 2)) is None  # no attempt left to grow into
+    assert job._growth(Attempt(0, 1, 4)) is None  # already max_np
 
 
 class Growing(FakeGroup):
@@ -128,13 +130,13 @@ class Growing(FakeGroup):
 def test_the_driver_asks_the_ranks_to_stop_at_their_next_commit_when_slots_return():
     groups: list[FakeGroup] = []
 
-    def new_group(attempt: Attempt, env) -> FakeGroup:
-        group = Growing([], dict(env)) if attempt.index == 0 else FakeGroup(succeeds(4), {})
+    def new_group(spec: AttemptSpec) -> FakeGroup:
+        group = Growing([], dict(spec.env)) if spec.attempt == 0 else FakeGroup(succeeds(4), {})
         groups.append(group)
         return group
 
     config = RunConfig(np=2, min_np=2, max_np=4, collect_all=True)
-    results = Job(config, b"job", new_group, capacity=lambda held: 4).run()
+    results = Job(config, b"job", new_group, capacity=lambda spec, held: 4).run()
     assert len(results) == 4 and len(groups) == 2
 
 

@@ -88,7 +88,7 @@ def test_failing_rank_stops_the_others(how, story):
     assert err.rank == 1
     if how == "raise":
         assert 'raise ValueError("deliberate failure")' in message  # the worker's traceback
-        assert "hora/_worker.py" not in message
+        assert "hora/rank/worker.py" not in message
     assert pickle.loads(pickle.dumps(err)).rank == 1
 
 

@@ -14,8 +14,9 @@ import cloudpickle
 import pytest
 
 from hora.config import RunConfig
+from hora.engines.base import AttemptSpec
 from hora.errors import RunTimeoutError, WorkerFailedError
-from hora.job.driver import Attempt, Job
+from hora.job.driver import Job
 from hora.job.policy import FailurePolicy
 from hora.wire.protocol import Error, Exited, Hello, Payload, Result, TimelineBatch
 
@@ -75,8 +76,8 @@ def run_scripted(
 ) -> tuple[list[object], list[FakeGroup]]:
     groups = [] if groups is None else groups
 
-    def new_group(attempt: Attempt, env) -> FakeGroup:
-        group = FakeGroup(scripts[attempt.index], dict(env))
+    def new_group(spec: AttemptSpec) -> FakeGroup:
+        group = FakeGroup(scripts[spec.attempt], dict(spec.env))
         groups.append(group)
         return group
 
@@ -119,8 +120,8 @@ def test_the_payload_is_handed_to_each_attempts_ranks():
                     conns.append(conn)
                 self.events.put((conn, message))
 
-    def new_group(attempt: Attempt, env) -> FakeGroup:
-        groups.append(Recording([sigkilled(0), succeeds()][attempt.index], dict(env)))
+    def new_group(spec: AttemptSpec) -> FakeGroup:
+        groups.append(Recording([sigkilled(0), succeeds()][spec.attempt], dict(spec.env)))
         return groups[-1]
 
     Job(RunConfig(np=2, max_restarts=1, collect_all=False), b"job", new_group).run()

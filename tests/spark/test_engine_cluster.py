@@ -16,7 +16,7 @@ import pytest
 
 import hora
 from hora.config import RunConfig
-from hora.engines.base import LaunchContext
+from hora.engines.base import AttemptSpec, LaunchContext
 from hora.engines.spark.engine import SparkLauncher
 from hora.spark import TorchDistributor
 from hora.wire import channel as _channel
@@ -137,8 +137,9 @@ def test_a_rank_is_never_started_twice(spark):
     secret = _channel.new_secret()
     # The workers dial it; nobody sends a payload.
     job_channel = _channel.Server(secret, events, ALLOWED)
-    launcher = SparkLauncher(RunConfig(np=1, backend="spark"))
-    launcher.start(LaunchContext(1, job_channel.address, secret, events, {}))
+    config = RunConfig(np=1, backend="spark")
+    launcher = SparkLauncher(AttemptSpec(np=1, options=config.engine_options))
+    launcher.start(LaunchContext(job_channel.address, secret, events))
     try:
         _wait_for(events, lambda m: isinstance(m, Hello))  # rank 0 is running
         # What a re-attempt does:

@@ -188,7 +188,9 @@ def test_a_failed_task_is_named_from_spark_s_own_error(spark):
 def test_use_gpu_without_gpu_tasks_is_refused(spark):
     """The engine's own check (the doors refuse earlier, in their constructors)."""
     from hora.config import RunConfig
+    from hora.engines.base import AttemptSpec
     from hora.engines.spark.engine import SparkLauncher
 
+    options = RunConfig(np=2, backend="spark").engine_options
     with pytest.raises(ValueError, match=r"spark.task.resource.gpu.amount"):
-        SparkLauncher(RunConfig(np=2, backend="spark", use_gpu=True))
+        SparkLauncher(AttemptSpec(np=2, use_gpu=True, options=options))

@@ -14,7 +14,7 @@ import pytest
 
 from hora import environment
 from hora.config import RunConfig
-from hora.engines.base import LaunchContext, Launcher
+from hora.engines.base import AttemptSpec, LaunchContext, Launcher
 from hora.job.driver import Job
 from hora.job.group import WorkerGroup
 from hora.timeline._events import STOP, RankTrack
@@ -181,11 +181,10 @@ def test_the_summary_counts_fused_time_once_and_names_the_slowest_rank() -> None
 
 # -- the driver's variables reach the workers --------------------------------------------------
 class _Capture(Launcher):
-    def __init__(self) -> None:
-        self.env: dict[str, str] = {}
+    def __init__(self, spec: AttemptSpec) -> None:
+        self.env = dict(spec.env)
 
     def start(self, ctx: LaunchContext) -> None:
-        self.env = dict(ctx.env)
         raise RuntimeError("captured")
 
     def stop(self) -> None:
@@ -196,10 +195,16 @@ def test_timeline_variables_set_on_the_driver_are_sent_to_every_engine(monkeypat
     monkeypatch.setenv("HOROVOD_TIMELINE", "/somewhere/trace.json")
     monkeypatch.setenv("HOROVOD_TIMELINE_MARK_CYCLES", "1")
     monkeypatch.delenv("HORA_TIMELINE", raising=False)
-    launcher = _Capture()
+    launchers: list[_Capture] = []
+
+    def new_group(spec: AttemptSpec) -> WorkerGroup:
+        launchers.append(_Capture(spec))
+        return WorkerGroup(launchers[-1])
+
     config = RunConfig(np=2, env={"HOROVOD_TIMELINE_MARK_CYCLES": "0", "OTHER": "x"})
     with pytest.raises(RuntimeError, match="captured"):
-        Job(config, b"", lambda _a, env: WorkerGroup(2, launcher, env)).run()
+        Job(config, b"", new_group).run()
+    [launcher] = launchers
     assert len(launcher.env.pop(environment.RUN_ID_VAR)) >= 8  # the run's id, every attempt's
     assert launcher.env == {
         "HOROVOD_TIMELINE": "/somewhere/trace.json",

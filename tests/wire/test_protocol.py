@@ -13,7 +13,7 @@ from hora.wire.protocol import ALLOWED, Boot, Go, Hello, Plan, Stop, TaskReady
 
 
 def test_boot_round_trips_through_its_json_line() -> None:
-    boot = Boot(("10.0.0.1", 4242), b"\x00\xffsecret", 3, ("/a", "/b c"))
+    boot = Boot(("10.0.0.1", 4242), b"\x00\xffsecret", 3, ("/a", "/b c"), "pkg.mod:setup")
     line = boot.to_line()
     assert line.endswith("\n") and line.count("\n") == 1
     assert Boot.from_line(line) == boot

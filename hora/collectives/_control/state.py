@@ -41,7 +41,7 @@ def get() -> State:
 def in_flight() -> list[str]:
     """The collectives this process waits for ("allreduce 'grad.w'"); none before `init()`.
 
-    For a rank's answer to "where are you?" (hora._stacks), so it reads no private state.
+    For a rank's answer to "where are you?" (hora.rank.stacks), so it reads no private state.
     """
     state = current
     return [] if state is None else state.loop.queue.describe()

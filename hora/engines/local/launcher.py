@@ -3,30 +3,29 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from hora import environment
-from hora.engines.base import LaunchContext, Launcher
+from hora.engines.base import AttemptSpec, LaunchContext, Launcher
 from hora.engines.process import WorkerProcess, remove_segments_left, stop_all
 from hora.engines.rendezvous import host_store
 from hora.wire.protocol import Exited, Output
-
-if TYPE_CHECKING:
-    from hora.config import RunConfig
 
 LOOPBACK = "127.0.0.1"
 STOP_GRACE_SECONDS = 3.0
 
 
-def capacity(config: RunConfig, held: int) -> int:
+def capacity(spec: AttemptSpec, held: int) -> int:
     """This machine can always start more processes: an elastic run gets max_np ranks."""
-    return config.most_ranks
+    return spec.most_ranks
 
 
 class LocalLauncher(Launcher):
     channel_host = LOOPBACK
 
-    def __init__(self, config: RunConfig | None = None, restart: bool = False) -> None:
+    def __init__(self, spec: AttemptSpec) -> None:
+        self.spec = spec
         self._workers: list[WorkerProcess] = []
         self._store: Any = None
         self._port = 0
@@ -34,8 +33,8 @@ class LocalLauncher(Launcher):
     def start(self, ctx: LaunchContext) -> None:
         self._store, port = host_store(LOOPBACK)
         self._port = port
-        for place in environment.placements([LOOPBACK] * ctx.np):
-            self._workers.append(_start_worker(ctx, place, port))
+        for place in environment.placements([LOOPBACK] * self.spec.np):
+            self._workers.append(_start_worker(ctx, place, port, self.spec.env))
 
     def stop(self) -> None:
         stop_all(self._workers, STOP_GRACE_SECONDS)
@@ -45,12 +44,14 @@ class LocalLauncher(Launcher):
         self._store = None
 
 
-def _start_worker(ctx: LaunchContext, place: environment.RankPlacement, port: int) -> WorkerProcess:
+def _start_worker(
+    ctx: LaunchContext, place: environment.RankPlacement, port: int, env: Mapping[str, str]
+) -> WorkerProcess:
     """One rank's process; its output and exit reach the driver as that rank's."""
     rank = place.rank
     return WorkerProcess(
         ctx.boot(rank),
-        environment.worker_env(place, LOOPBACK, port, user_env=ctx.env),
+        environment.worker_env(place, LOOPBACK, port, user_env=env),
         on_line=lambda stream, line: ctx.report(Output(rank, stream, line)),
         on_exit=lambda code: ctx.report(Exited(rank, code)),
         cwd=os.getcwd(),

@@ -20,17 +20,14 @@ import socket
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hora import environment
-from hora.engines.base import LaunchContext, Launcher
+from hora.engines.base import AttemptSpec, LaunchContext, Launcher
 from hora.engines.ray.actor import RankSupervisor
 from hora.engines.rendezvous import host_store
 from hora.engines.supervisor import STOP_GRACE_SECONDS
 from hora.wire.protocol import EngineFailed, Plan
-
-if TYPE_CHECKING:
-    from hora.config import RunConfig
 
 LOOPBACK = "127.0.0.1"
 KILL_WAIT_SECONDS = 10.0
@@ -51,19 +48,18 @@ def _ray() -> Any:
 
 
 class RayLauncher(Launcher):
-    """Starts `config.np` ranks as actors in one placement group; checks the cluster first."""
+    """Starts `spec.np` ranks as actors in one placement group; checks the cluster first."""
 
     multi_host = True
 
-    def __init__(self, config: RunConfig, restart: bool = False):
+    def __init__(self, spec: AttemptSpec):
         ray = _ray()
-        options = config.engine_options
-        self.cpus, self.gpus = _bundle(config)
-        self.use_gpu = self.gpus > 0 if config.use_gpu is None else bool(config.use_gpu)
-        self.strategy = options["placement_strategy"]
-        self._np = config.np
-        if not restart:  # a restart waits (up to start_timeout) for lost nodes to come back
-            _check_capacity(ray, config.np, self.cpus, self.gpus)
+        self.spec = spec
+        self.cpus, self.gpus = _bundle(spec)
+        self.use_gpu = self.gpus > 0 if spec.use_gpu is None else bool(spec.use_gpu)
+        self.strategy = spec.options["placement_strategy"]
+        if not spec.restart:  # a restart waits (up to start_timeout) for lost nodes to come back
+            _check_capacity(ray, spec.np, self.cpus, self.gpus)
         self.node_address = ray.util.get_node_ip_address()
         # On a one-machine Ray (a laptop's ray.init(), Ray on a local Spark) hora's own traffic
         # (job channel, store, gloo) stays on loopback; on a cluster it uses the driver's node
@@ -90,9 +86,11 @@ class RayLauncher(Launcher):
         self._master = (self.channel_host, port)
         bundle = {"CPU": self.cpus, "GPU": self.gpus}
         bundle = {k: v for k, v in bundle.items() if v > 0}
-        self._group = placement_group([bundle] * ctx.np, strategy=self.strategy, name=self.tag)
+        self._group = placement_group(
+            [bundle] * self.spec.np, strategy=self.strategy, name=self.tag
+        )
         actor_class = ray.remote(RankSupervisor)
-        for slot in range(ctx.np):
+        for slot in range(self.spec.np):
             self._actors.append(
                 actor_class.options(
                     num_cpus=self.cpus,
@@ -122,7 +120,7 @@ class RayLauncher(Launcher):
             # order the placement group chose.
             order = environment.host_order([w["host"] for w in where])
             ranks = [where[slot] for slot in order]
-            plan = Plan(ranks, self._master, self.use_gpu, dict(ctx.env), os.getcwd())
+            plan = Plan(ranks, self._master, self.use_gpu, dict(self.spec.env), os.getcwd())
             with self._lock:
                 if self._stopping.is_set():
                     return
@@ -180,14 +178,14 @@ class RayLauncher(Launcher):
         self._store = None
 
 
-def _bundle(config: RunConfig) -> tuple[float, float]:
+def _bundle(spec: AttemptSpec) -> tuple[float, float]:
     """The CPUs and GPUs each rank's bundle reserves."""
-    options = config.engine_options
+    options = spec.options
     cpus, gpus = float(options["num_cpus_per_rank"]), float(options["num_gpus_per_rank"])
-    return cpus, 1.0 if config.use_gpu and gpus == 0 else gpus
+    return cpus, 1.0 if spec.use_gpu and gpus == 0 else gpus
 
 
-def capacity(config: RunConfig, held: int) -> int:
+def capacity(spec: AttemptSpec, held: int) -> int:
     """How many ranks' bundles fit now: the `held` ones this job's placement group reserves,
     and as many more as the free resources of the live nodes hold. A node whose raylet no
     longer answers is not counted, though Ray declares it dead only after its health checks
@@ -195,7 +193,7 @@ def capacity(config: RunConfig, held: int) -> int:
     ray = _ray()
     from ray._private.state import available_resources_per_node
 
-    cpus, gpus = _bundle(config)
+    cpus, gpus = _bundle(spec)
     free = available_resources_per_node()
     fits = 0
     for node in ray.nodes():

@@ -11,12 +11,31 @@
 - `checks`: what is checked on the driver before a stage starts (slots, SSL, Python, GPUs).
 - `failures`: a failed stage read back as the task that failed and why.
 - `options`: the engine's options (GPU resource, GPUs per task, the SSL opt-in setting).
-- `task_context`: pyspark's BarrierTaskContext inside a rank, served by the rank's task.
+- `task_context`: pyspark's BarrierTaskContext inside a rank, served by the rank's task (the
+  engine's `rank_setup`).
+
+This `__init__` is the engine's one public face: pyspark's doors (`hora.spark`) import what they
+need of the engine from here, never its modules.
 """
 
 from hora.engines import Engine
-from hora.engines.spark.options import OPTIONS, check_options
+from hora.engines.spark.base import Session
+from hora.engines.spark.checks import concurrent_slots, gpu_amount_key
+from hora.engines.spark.classic import ClassicSession
+from hora.engines.spark.connect import ConnectSession
+from hora.engines.spark.options import OPTIONS, TORCH_IGNORE_SSL, check_options
 from hora.engines.spark.session import active_session
+
+__all__ = [
+    "ENGINE",
+    "TORCH_IGNORE_SSL",
+    "ClassicSession",
+    "ConnectSession",
+    "Session",
+    "active_session",
+    "concurrent_slots",
+    "gpu_amount_key",
+]
 
 ENGINE = Engine(
     name="spark",
@@ -25,7 +44,9 @@ ENGINE = Engine(
     options=OPTIONS,
     check_options=check_options,
     cli_session="hora.engines.spark.session:cli_session",
+    session_options=("remote",),
     capacity="hora.engines.spark.engine:capacity",
+    rank_setup="hora.engines.spark.task_context:rank_setup",
     summary="one barrier stage on a SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS, "
     "or a Spark Connect session with --remote / SPARK_REMOTE)",
 )

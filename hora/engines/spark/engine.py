@@ -33,10 +33,10 @@ import sys
 import threading
 import uuid
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hora import environment
-from hora.engines.base import LaunchContext, Launcher
+from hora.engines.base import AttemptSpec, LaunchContext, Launcher
 from hora.engines.rendezvous import host_store
 from hora.engines.spark import checks as _spark_checks
 from hora.engines.spark import entry as _spark_entry
@@ -57,13 +57,10 @@ from hora.wire.protocol import (
     TaskReady,
 )
 
-if TYPE_CHECKING:
-    from hora.config import RunConfig
-
 CANCEL_WAIT_SECONDS = 5.0
 
 
-def capacity(config: RunConfig, held: int) -> int:
+def capacity(spec: AttemptSpec, held: int) -> int:
     """The task slots of the live executors (Spark's own count, busy slots included, so `held`
     is in it already): how many ranks a barrier stage could have now."""
     session = active_session()
@@ -75,15 +72,15 @@ def capacity(config: RunConfig, held: int) -> int:
             "a Spark Connect client cannot count; run it from a classic SparkSession, or use "
             "max_restarts"
         )
-    return _spark_checks.concurrent_slots(session, config.engine_options["gpu_resource"]) or 0
+    return _spark_checks.concurrent_slots(session, spec.options["gpu_resource"]) or 0
 
 
 class SparkLauncher(Launcher):
-    """Starts `config.np` ranks as one barrier stage; checks the cluster first."""
+    """Starts `spec.np` ranks as one barrier stage; checks the cluster first."""
 
     multi_host = True
 
-    def __init__(self, config: RunConfig, restart: bool = False):
+    def __init__(self, spec: AttemptSpec):
         session = active_session()
         if session is None:
             raise RuntimeError(
@@ -92,29 +89,28 @@ class SparkLauncher(Launcher):
                 "run on this machine with Runner(np=-N) / backend='local'"
             )
         session.check()
-        options = config.engine_options
+        options = spec.options
         resource = options["gpu_resource"]
         _spark_checks.check_ssl(session, options["ignore_ssl_key"])
         _spark_checks.check_dynamic_allocation(session)
-        self.use_gpu = _spark_checks.resolve_use_gpu(session, config.use_gpu, resource)
+        self.use_gpu = _spark_checks.resolve_use_gpu(session, spec.use_gpu, resource)
         self.gpu_resource = resource if self.use_gpu else None
-        self.gpu_counts = _gpu_counts(options["task_gpu_counts"], config.np)
+        self.gpu_counts = _gpu_counts(options["task_gpu_counts"], spec.np)
         self.python = _spark_checks.python_for_tasks(session)
-        if restart:  # a lost executor is being replaced: wait for it, up to start_timeout
+        if spec.restart:  # a lost executor is being replaced: wait for it, up to start_timeout
             slots = _spark_checks.check_slots(
-                session, config.np, wait=config.start_timeout, settle=None, resource=resource
+                session, spec.np, wait=spec.start_timeout, settle=None, resource=resource
             )
         else:
-            wait = min(config.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
-            slots = _spark_checks.check_slots(session, config.np, wait=wait, resource=resource)
+            wait = min(spec.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
+            slots = _spark_checks.check_slots(session, spec.np, wait=wait, resource=resource)
             if slots is None:
-                print(
-                    _spark_checks.uncounted_slots(config.np, config.start_timeout), file=sys.stderr
-                )
+                print(_spark_checks.uncounted_slots(spec.np, spec.start_timeout), file=sys.stderr)
         self.session = session
         self.channel_host = session.channel_host()
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
-        self._np = config.np
+        self._np = spec.np
+        self._user_env = dict(spec.env)
         self._lock = threading.Lock()
         self._tasks: dict[int, dict[str, Any]] = {}  # by Spark task (partition)
         self._rank_of: dict[int, int] = {}  # Spark task -> rank, once every task is up
@@ -140,6 +136,7 @@ class SparkLauncher(Launcher):
             secret=ctx.secret,
             sys_path=tuple(environment.driver_sys_path()),
             gpu_resource=self.gpu_resource,
+            rank_setup=ctx.rank_setup,
         )
         relay = threading.Thread(target=self._relay, name="hora-spark-relay", daemon=True)
         relay.start()
@@ -236,7 +233,7 @@ class SparkLauncher(Launcher):
             ranks=ranks,
             master=self._master,
             use_gpu=self.use_gpu,
-            user_env=dict(self._ctx.env) if self._ctx else {},
+            user_env=self._user_env,
             cwd=os.getcwd(),
             own_gpus=self.gpu_counts is not None,
         )

@@ -33,6 +33,7 @@ class TaskSpec:
     secret: bytes
     sys_path: tuple[str, ...]  # the driver's import path, appended in the worker
     gpu_resource: str | None = None  # the Spark resource of the rank's GPUs; None: no GPUs
+    rank_setup: str = ""  # what the worker runs before the job (Engine.rank_setup)
 
 
 def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, str]]:
@@ -79,7 +80,7 @@ def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, 
 def _supervise_worker(
     spec: TaskSpec, conn: channel.Connection, rank: int, plan: Plan, ctx: Any
 ) -> str:
-    boot = Boot(spec.worker_address, spec.secret, rank, spec.sys_path)
+    boot = Boot(spec.worker_address, spec.secret, rank, spec.sys_path, spec.rank_setup)
     context = TaskContextServer(ctx, spec.secret)  # the rank's BarrierTaskContext.get()
     try:
         with (

@@ -29,7 +29,7 @@ from types import ModuleType
 from typing import Any
 
 from hora.wire import channel
-from hora.wire.protocol import TASK_CONTEXT_ALLOWED, TaskCall, TaskReply
+from hora.wire.protocol import TASK_CONTEXT_ALLOWED, Boot, TaskCall, TaskReply
 
 #: the rank's environment variable that holds its task's context server, "host:port"
 ADDRESS_ENV = "HORA_SPARK_TASK_CONTEXT"
@@ -207,6 +207,11 @@ def proxy_class(taskcontext: ModuleType) -> type:
     it) whose every method asks the rank's task, built on the rank's own pyspark."""
     bases = (_RankTaskContext, taskcontext.BarrierTaskContext)
     return type("RankTaskContext", bases, {"_taskcontext": taskcontext})
+
+
+def rank_setup(boot: Boot) -> None:
+    """The Spark engine's `rank_setup`: what a rank runs before its job (`install`)."""
+    install(boot.secret)
 
 
 def install(secret: bytes, environ: Mapping[str, str] | None = None) -> None:

@@ -14,13 +14,17 @@ from typing import Any
 from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 
+from hora import engines
 from hora.checkpoint import Checkpoint
 from hora.config import RunConfig
-from hora.engines.spark.base import Session
-from hora.engines.spark.checks import concurrent_slots
-from hora.engines.spark.classic import ClassicSession
-from hora.engines.spark.connect import ConnectSession
-from hora.engines.spark.session import active_session
+from hora.engines.spark import ENGINE as SPARK
+from hora.engines.spark import (
+    ClassicSession,
+    ConnectSession,
+    Session,
+    active_session,
+    concurrent_slots,
+)
 from hora.job import launch
 from hora.spark.estimator import feed, tracking
 from hora.spark.estimator.columns import ColumnSpec, describe, is_pandas
@@ -132,7 +136,7 @@ class TorchEstimator(  # type: ignore[misc]
                 f"{store.location('data', data.key)})"
                 + (f", resuming after epoch {found.state['epoch']}" if found is not None else "")
             )
-        backend = "spark" if session is not None else "local"
+        backend = SPARK.name if session is not None else engines.DEFAULT
         progress = [EpochLine(epochs)] if self.getVerbose() else []
         config = RunConfig(
             np=num_proc, backend=backend, collect_all=False, report_to=progress, progress=False

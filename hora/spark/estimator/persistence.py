@@ -29,9 +29,7 @@ import pyspark
 from pyspark.ml.param import Params
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
-from hora.engines.spark.classic import ClassicSession
-from hora.engines.spark.connect import ConnectSession
-from hora.engines.spark.session import active_session
+from hora.engines.spark import ClassicSession, ConnectSession, active_session
 from hora.spark.estimator.store import Store
 
 

@@ -1,15 +1,17 @@
-"""The worker bootstrap: `python -m hora._worker`, one per rank, whatever engine started it.
+"""The worker bootstrap: `python -m hora.rank.worker`, one per rank, whatever engine started it.
 
 It reads the driver's address and the run's secret from stdin (never from the environment, which
 other processes of the user can read), fetches the pickled job over the authenticated channel,
-runs it and sends back its result or its failure. If the driver goes away first, the worker
-kills its own process group: no orphan trains on after a crashed or interrupted driver.
+runs the engine's rank-side setup (`Boot.rank_setup`, named by the engine: the worker knows no
+engine), then the job, and sends back its result or its failure. If the driver goes away first,
+the worker kills its own process group: no orphan trains on after a crashed or interrupted driver.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib
 import os
 import signal
 import socket
@@ -20,10 +22,10 @@ import traceback
 
 import cloudpickle
 
-from hora import _deepspeed_ops, _stacks
+from hora import _deepspeed_ops
 from hora._payload import dumps_result
 from hora._script import CommandFailed
-from hora.engines.spark import task_context
+from hora.rank import stacks
 from hora.wire import channel, link
 from hora.wire.protocol import (
     ALLOWED,
@@ -40,7 +42,7 @@ from hora.wire.protocol import (
 )
 
 BOOT_ENV_FLAG = "HORA_WORKER"
-_HORA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_HORA_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 HEARTBEAT_SECONDS = 2.0
@@ -63,7 +65,7 @@ def _watch_driver(conn: channel.Connection, rank: int, done: threading.Event) ->
         while True:
             message = conn.recv()
             if isinstance(message, DumpStacks):
-                conn.send(Stacks(rank, _stacks.dump(skip=threading.current_thread())))
+                conn.send(Stacks(rank, stacks.dump(skip=threading.current_thread())))
             elif isinstance(message, HostsUpdated):
                 link.note_hosts_updated()
     if not done.is_set():
@@ -100,6 +102,7 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
         target=_beat, args=(conn, rank, done), name="hora-heartbeat", daemon=True
     ).start()
     try:
+        _set_up(boot)
         fn, args, kwargs = cloudpickle.loads(job.job)
         result = fn(*args, **kwargs)
     except link.ResizeExit as exc:  # an elastic run stopped at a commit, to resize
@@ -117,6 +120,14 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
     except Exception as exc:
         return _report(conn, done, _failure(rank, exc))
     return _report(conn, done, Result(rank, data), status=0)
+
+
+def _set_up(boot: Boot) -> None:
+    """The engine's own setup of this rank (Spark's: pyspark's TaskContext is the rank's task),
+    before the job; a failure there is the rank's failure, told as any other."""
+    if boot.rank_setup:
+        module, _, name = boot.rank_setup.partition(":")
+        getattr(importlib.import_module(module), name)(boot)
 
 
 def _report(
@@ -140,7 +151,6 @@ def main() -> None:
     _deepspeed_ops.build_once_per_host()
     conn = channel.connect(boot.address, boot.secret, ALLOWED)
     conn.send(Hello(boot.rank, os.getpid(), socket.gethostname()))
-    task_context.install(boot.secret)  # on Spark: pyspark's TaskContext is the rank's task
     status = _run(boot, conn)
     conn.close()
     # Tearing down an interpreter that imported torch takes ~0.3 s and helps nobody; the atexit

@@ -17,7 +17,7 @@ import threading
 import traceback
 from types import FrameType
 
-_HORA_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_HORA_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # The interpreter's own library and the installed packages: frames there are not the user's.
 _LIBRARY_DIRS = tuple(
     os.path.abspath(path) + os.sep
