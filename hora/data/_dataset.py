@@ -94,13 +94,25 @@ class Dataset:
         prefetch: int = DEFAULT_PREFETCH,
         pad: Mapping[str, int] | None = None,
         epoch: int = 0,
+        *,
+        rank: int | None = None,
+        size: int | None = None,
     ) -> Any:
         """This rank's share of one epoch as a `tf.data.Dataset` of dicts of tensors, with the
         loader's sharding and order (call again with the next `epoch` for the next one)."""
-        return tf_dataset(
-            self.loader(batch_size, shuffle, seed, drop_last, columns, transform, prefetch, pad),
-            epoch,
+        loader = self.loader(
+            batch_size,
+            shuffle,
+            seed,
+            drop_last,
+            columns,
+            transform,
+            prefetch,
+            pad,
+            rank=rank,
+            size=size,
         )
+        return tf_dataset(loader, epoch)
 
 
 def parquet_files(location: Location) -> list[str]:
