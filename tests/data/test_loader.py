@@ -166,3 +166,16 @@ def test_a_dataset_is_small_and_picklable(tmp_path):
     dataset = write_ids(tmp_path)
     assert len(pickle.dumps(dataset)) < 10_000
     assert pickle.loads(pickle.dumps(dataset)) == dataset and len(dataset) == ROWS
+
+
+def test_a_store_that_is_not_one_place_is_refused(tmp_path):
+    """What the driver finds must be what Spark wrote; a store that cannot be written is named."""
+    from hora.data._spark import _described
+    from hora.storage import Location
+
+    dataset = write_ids(tmp_path / "ids")
+    with pytest.raises(ValueError, match=r"Spark wrote 601 rows.*finds 600.*one place"):
+        _described(Location.parse(tmp_path / "ids"), "", list(dataset.columns), {}, 601)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"store .* cannot be written"):
+        Location.parse(tmp_path / "file" / "store").check_writable()
