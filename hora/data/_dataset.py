@@ -50,6 +50,15 @@ class Dataset:
     def location(self) -> Location:
         return Location.parse(self.uri, "dataset")
 
+    def delete(self) -> None:
+        """Remove the dataset's files (its whole directory, or its one file) from the store."""
+        location = self.location
+        filesystem, root = location.arrow()
+        if self.files == ("",):
+            filesystem.delete_file(root)
+        else:
+            location.delete_dir(root)
+
     def column(self, name: str) -> Column:
         return {c.name: c for c in self.columns}[name]
 

@@ -170,6 +170,8 @@ def test_a_dataset_is_small_and_picklable(tmp_path):
     dataset = write_ids(tmp_path)
     assert len(pickle.dumps(dataset)) < 10_000
     assert pickle.loads(pickle.dumps(dataset)) == dataset and len(dataset) == ROWS
+    dataset.delete()
+    assert not tmp_path.exists()
 
 
 def test_a_store_that_is_not_one_place_is_refused(tmp_path):
