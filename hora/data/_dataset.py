@@ -5,62 +5,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from hora.data._columns import Column, describe
+from hora.data._columns import describe
+from hora.data._files import Files, Piece
 from hora.data._loader import DEFAULT_PREFETCH, Loader
 from hora.data._tf import tf_dataset
 from hora.storage import Location
 
 
 @dataclass(frozen=True)
-class Piece:
-    """One Parquet row group: which file, which group, how many rows and (decoded) bytes."""
-
-    file: int
-    group: int
-    rows: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class Dataset:
+class Dataset(Files):
     """Parquet files under `uri` (a path or any URI pyarrow opens), as the loader reads them.
 
     Build one with `hora.data.from_spark(df)` on the driver or `hora.data.from_parquet(path)`;
     capture it in the training function and call `loader()` in each rank.
     """
-
-    uri: str
-    files: tuple[str, ...]  # relative to uri
-    pieces: tuple[Piece, ...]
-    columns: tuple[Column, ...]
-    fingerprint: str = ""
-    pad: Mapping[str, int] = field(default_factory=dict)
-
-    @property
-    def rows(self) -> int:
-        return sum(p.rows for p in self.pieces)
-
-    def __len__(self) -> int:
-        return self.rows
-
-    @property
-    def location(self) -> Location:
-        return Location.parse(self.uri, "dataset")
-
-    def delete(self) -> None:
-        """Remove the dataset's files (its whole directory, or its one file) from the store."""
-        location = self.location
-        filesystem, root = location.arrow()
-        if self.files == ("",):
-            filesystem.delete_file(root)
-        else:
-            location.delete_dir(root)
-
-    def column(self, name: str) -> Column:
-        return {c.name: c for c in self.columns}[name]
 
     def loader(
         self,

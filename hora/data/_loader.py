@@ -23,7 +23,7 @@ from hora.data._columns import ARRAY, ColumnError, check_selected, to_numpy
 from hora.data._reader import Reader
 
 if TYPE_CHECKING:
-    from hora.data._dataset import Dataset
+    from hora.data._files import Files
 
 #: the default prefetch budget of a loader, in bytes: decoded data its reader may hold at once
 DEFAULT_PREFETCH = 256 << 20
@@ -44,7 +44,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Files,
         batch_size: int,
         *,
         shuffle: bool = True,

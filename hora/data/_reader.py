@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from hora.data._order import Interval, Window, window_at, window_permutation
 
 if TYPE_CHECKING:
-    from hora.data._dataset import Dataset
+    from hora.data._files import Files
 
 _END = object()
 
@@ -29,7 +29,7 @@ class Reader:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Files,
         columns: Sequence[str],
         found: Sequence[Window],
         intervals: Sequence[Interval],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Mapping
@@ -120,12 +121,17 @@ def _checked(facts: dict[str, Any], columns: list[Column], pad: Mapping[str, int
     return out
 
 
+# Spark's own master URLs of one machine (local, local[N], local-cluster[...]), where the
+# driver's temporary directory is also the executors'.
+_SPARK_LOCAL_MASTER = re.compile(r"local(\[|-cluster\[|$)")
+
+
 def _store(spark: Any, store: str | os.PathLike[str] | None) -> Location:
     if store is None:
         store = _conf(spark, STORE_CONF)
     if store is None:
         master = _conf(spark, "spark.master") or ""
-        if not master.startswith("local"):
+        if not _SPARK_LOCAL_MASTER.match(master):
             raise ValueError(
                 f"from_spark needs a store every executor and rank reach on master {master!r}: "
                 f"pass store= (a shared path or a URI pyarrow opens) or set the Spark conf "
