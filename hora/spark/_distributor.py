@@ -125,6 +125,7 @@ class TorchDistributor:
                 env[CUDA_VISIBLE_DEVICES] = ",".join(self._driver_gpus()[: self.num_processes])
         else:
             options["ignore_ssl_key"] = self._IGNORE_SSL_KEY
+            env[environment.PER_TASK_VAR] = "1"  # torchrun's names as pyspark's tasks see them
             if not self.use_gpu:  # as pyspark's tasks: CPU training on a GPU host sees no GPU
                 env[CUDA_VISIBLE_DEVICES] = ""
         return RunConfig(
