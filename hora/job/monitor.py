@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from hora._output_files import OutputFiles
 from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
+from hora.job._echo import echo
 from hora.job.elastic import AttemptResized, GrowthWatch
 from hora.job.metrics import MetricsLog
 from hora.job.stacks import StackRequest, take_request
@@ -326,15 +327,14 @@ class Monitor:
         )
 
     def _output(self, rank: int, stream: str, text: str) -> None:
-        self.tails[rank].append(text)
+        self.tails[rank].append(text.rstrip("\r"))
         if self.output_files is not None:
             self.output_files.write(rank, stream, text)
         if self.log_callback_only and stream != "log":
             return
         host = self.started.get(rank)
         where = f"{rank}@{host}" if host and self.group.multi_host else f"{rank}"
-        out = sys.stderr if stream == "stderr" else sys.stdout
-        print(f"[{where}] {text}", file=out, flush=True)
+        echo(f"[{where}] ", text, sys.stderr if stream == "stderr" else sys.stdout)
 
     def _exited(self, rank: int, code: int) -> None:
         self.exits[rank] = code
