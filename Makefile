@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml
 	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -e '.[deepspeed]'
 	$(WITH_VENV_TOOLS) $(PY) -m hora._deepspeed_ops
 	$(PY) -m pip install -q -e '.[estimator]'
+	$(PY) -m pip install -q -e '.[clients]'
 	touch $(STAMP)
 
 demo: setup

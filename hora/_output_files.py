@@ -44,7 +44,8 @@ class OutputFiles:
             return
         out, err = self._files[rank]
         try:
-            (err if stream == "stderr" else out).write(line + "\n")
+            # a redraw (a progress bar's "\r") stays one, as the rank printed it
+            (err if stream == "stderr" else out).write(line if line.endswith("\r") else line + "\n")
         except OSError as exc:  # a full disk must not stop the training
             self._broken = True
             print(f"hora: stopped writing output files to {self.folder}: {exc}", file=sys.stderr)

@@ -22,6 +22,9 @@ AGENT_STORE_VARS = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTAR
 
 RUN_ID_VAR = "HORA_RUN_ID"
 ELASTIC_VAR = "HORA_ELASTIC"
+#: Set by the doors that run, as pyspark's TorchDistributor does on Spark, one torchrun per task:
+#: the rank's torchrun names then count within its task (`task_view`)
+PER_TASK_VAR = "HORA_TORCHRUN_PER_TASK"
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -187,6 +190,7 @@ def worker_env(
         "GROUP_WORLD_SIZE": str(p.cross_size),
         "ROLE_RANK": str(p.rank),
         "ROLE_WORLD_SIZE": str(p.size),
+        "ROLE_NAME": "default",  # torchrun's --role
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
         "HOROVOD_RANK": str(p.rank),
@@ -211,6 +215,7 @@ def worker_env(
     # 16-core host hvd.DistributedOptimizer ran at 0.24x-0.33x DDP with spinning, 0.91x-1.00x
     # with PASSIVE (bench/README.md); DDP itself was no slower.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # torchrun's default
     if master_addr in ("127.0.0.1", "localhost"):
         # gloo otherwise resolves the hostname, which may point at an external interface.
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -233,8 +238,46 @@ def restart_env(restart_count: int, max_restarts: int) -> dict[str, str]:
 
 
 def run_env(run_id: str, elastic: bool) -> dict[str, str]:
-    """The run's id (every attempt's), and whether it is elastic."""
-    return {RUN_ID_VAR: run_id} | ({ELASTIC_VAR: "1"} if elastic else {})
+    """The run's id (every attempt's), and whether it is elastic. The id is torchrun's too:
+    TORCHELASTIC_RUN_ID is how frameworks tell a torchrun-style launch
+    (`torch.distributed.is_torchelastic_launched()`: Lightning and Fabric then read RANK and
+    WORLD_SIZE instead of deriving ranks from devices x num_nodes)."""
+    ids = {RUN_ID_VAR: run_id, "TORCHELASTIC_RUN_ID": run_id}
+    return ids | ({ELASTIC_VAR: "1"} if elastic else {})
+
+
+def task_view(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a rank of a door marked with PER_TASK_VAR sees instead of the per-host numbering:
+    pyspark's TorchDistributor on Spark starts one `torchrun --nnodes=<tasks>
+    --node_rank=<task>` of one process in each task, so LOCAL_RANK is 0, LOCAL_WORLD_SIZE 1,
+    GROUP_RANK and NODE_RANK the task's index, and CUDA_VISIBLE_DEVICES the task's own GPU
+    (Lightning's `Trainer(devices=1, num_nodes=N)` needs that). Empty without the mark.
+
+    Only torchrun's names change: Horovod's (hora's own collectives, `hvd.local_rank()`) and the
+    deepspeed launcher's (DeepSpeed's shared-memory allreduce) keep counting the host's ranks.
+    """
+    if environ.get(PER_TASK_VAR) != "1":
+        return {}
+    rank, size = environ["RANK"], environ["WORLD_SIZE"]
+    view = {
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": rank,
+        "GROUP_WORLD_SIZE": size,
+        "NODE_RANK": rank,
+    }
+    # `visible_gpus` shows a rank with one GPU those of its host's ranks, in local-rank order;
+    # a task of pyspark's sees only its own.
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    local_rank, local_size = (
+        _int(environ, "HOROVOD_LOCAL_RANK"),
+        _int(environ, "HOROVOD_LOCAL_SIZE"),
+    )
+    if visible and local_rank is not None and local_size is not None and local_size > 1:
+        gpus = [g.strip() for g in visible.split(",") if g.strip()]
+        if len(gpus) == local_size:
+            view["CUDA_VISIBLE_DEVICES"] = gpus[local_rank]
+    return view
 
 
 def driver_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:

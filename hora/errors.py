@@ -13,8 +13,11 @@ class HoraError(Exception):
         return (self.__class__, self.args)
 
 
-class WorkerFailedError(HoraError):
+class WorkerFailedError(HoraError, RuntimeError):
     """The job failed: a rank raised, exited non-zero or died. The message leads with the cause.
+
+    A RuntimeError too, as pyspark's TorchDistributor raises one: `except RuntimeError:` around
+    its `run()` still catches a failed run.
 
     `rank` is the rank that failed first, `failed_ranks` every rank seen failing (in the first
     attempt, when the run was restarted). `attempts` holds each failed attempt's own error, in

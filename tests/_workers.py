@@ -105,6 +105,19 @@ def chatter(lines: int) -> str:
     return "done"
 
 
+def progress_bars(steps: int) -> None:
+    """A tqdm bar on stderr, and a hand-made one on stdout (`print(..., end="\\r")`)."""
+    from tqdm import tqdm
+
+    rank = os.environ["RANK"]
+    for _ in tqdm(range(steps), desc=f"bar {rank}", file=sys.stderr, mininterval=0, ascii=True):
+        time.sleep(0.01)
+    for step in range(steps):
+        print(f"step {rank}.{step}", end="\r", flush=True)
+        time.sleep(0.1)
+    print(f"done {rank}", flush=True)
+
+
 def log_and_print() -> None:
     from hora import log_to_driver
 

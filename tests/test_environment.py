@@ -51,3 +51,23 @@ def test_ranks_are_numbered_host_by_host() -> None:
         (0, 2, 0), (1, 2, 0), (0, 2, 1), (1, 2, 1), (0, 1, 2),
     ]  # fmt: skip
     assert environment.host_order(["a", "a"]) == [0, 1]  # one host: slot order
+
+
+def test_torchrun_per_task_changes_torchrun_s_names_only() -> None:
+    """A rank of TorchDistributor on Spark sees torchrun's names as pyspark's one-process
+    torchrun of its task gives them; hora reads its own per-host place all the same."""
+    place = environment.placements(["a", "b", "a", "b"])[2]  # the second rank of host a
+    env = environment.worker_env(place, "10.0.0.1", 29500, base={"CUDA_VISIBLE_DEVICES": "4,6"})
+    assert environment.task_view(env) == {}  # unmarked: per host, as horovodrun
+    env[environment.PER_TASK_VAR] = "1"
+    env |= environment.task_view(env)
+    assert (env["RANK"], env["WORLD_SIZE"]) == ("2", "4")
+    assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("0", "1")
+    assert env["GROUP_RANK"] == env["NODE_RANK"] == "2" and env["GROUP_WORLD_SIZE"] == "4"
+    assert env["CUDA_VISIBLE_DEVICES"] == "6"  # its own GPU, cuda:0 as LOCAL_RANK says
+    assert environment.current(env).placement == place
+
+
+def test_every_run_looks_launched_by_torchrun() -> None:
+    run = environment.run_env("abc", elastic=False)
+    assert run["TORCHELASTIC_RUN_ID"] == run["HORA_RUN_ID"] == "abc"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -84,8 +86,47 @@ class WorkerProcess:
 
 
 def _pump(stream: IO[bytes], name: str, on_line: OnLine) -> None:
-    for raw in iter(stream.readline, b""):
-        on_line(name, raw.decode(errors="replace").rstrip("\r\n"))
+    """Pass on the stream's text a line at a time, as it comes. A carriage return ends a line
+    too (a progress bar redrawing itself), and the line keeps it, so the driver redraws the
+    rank's line with its prefix; "\r\n" is one line end."""
+    fd = stream.fileno()
+    pending = b""
+    while True:
+        if pending.endswith(b"\r") and not select.select([fd], [], [], _CR_WAIT_SECONDS)[0]:
+            if pending != b"\r":  # no "\n" follows: a redraw
+                on_line(name, pending.decode(errors="replace"))
+            pending = b""
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        lines, pending = split_lines(pending + chunk)
+        for line in lines:
+            on_line(name, line)
+    if pending.strip(b"\r"):
+        on_line(name, pending.decode(errors="replace"))
+
+
+_CR_WAIT_SECONDS = 0.05  # how long a trailing "\r" waits for a "\n" that would make it "\r\n"
+_LINE_END = re.compile(rb"\r\n|\n|\r(?=.)", re.DOTALL)
+
+
+def split_lines(data: bytes) -> tuple[list[str], bytes]:
+    """The complete lines in `data`, and the rest. A line ended by "\n" or "\r\n" comes
+    without its end, one ended by a lone "\r" with it; an empty one of those is dropped (tqdm
+    begins each redraw with "\r"). A final "\r" stays in the rest: a "\n" may follow."""
+    lines: list[str] = []
+    start = 0
+    for end in _LINE_END.finditer(data):
+        text = data[start : end.start()].decode(errors="replace")
+        start = end.end()
+        if end.group() != b"\r":
+            lines.append(text)
+        elif text:
+            lines.append(text + "\r")
+    return lines, data[start:]
 
 
 def stop_all(workers: list[WorkerProcess], grace: float) -> None:

@@ -16,6 +16,7 @@ import sys
 from typing import Any, Protocol
 
 from hora._output_files import OutputFiles
+from hora.job._echo import echo
 from hora.job.elastic import GrowthWatch
 from hora.job.metrics import MetricsLog
 from hora.timeline import DriverTimeline
@@ -93,8 +94,7 @@ class Console(MonitorCallback):
     def on_output(self, rank: int, where: str, stream: str, text: str) -> None:
         if self.log_callback_only and stream != "log":
             return
-        out = sys.stderr if stream == "stderr" else sys.stdout
-        print(f"[{where}] {text}", file=out, flush=True)
+        echo(f"[{where}] ", text, sys.stderr if stream == "stderr" else sys.stdout)
 
 
 class WriteOutputFiles(MonitorCallback):

@@ -355,7 +355,7 @@ class Monitor:
         )
 
     def _output(self, rank: int, stream: str, text: str) -> None:
-        self.tails[rank].append(text)
+        self.tails[rank].append(text.rstrip("\r"))
         host = self.started.get(rank)
         where = f"{rank}@{host}" if host and self.group.multi_host else f"{rank}"
         for callback in self.callbacks:

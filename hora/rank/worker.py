@@ -22,7 +22,7 @@ import traceback
 
 import cloudpickle
 
-from hora import _deepspeed_ops
+from hora import _deepspeed_ops, environment
 from hora._payload import dumps_result
 from hora._script import CommandFailed
 from hora.rank import stacks
@@ -148,6 +148,7 @@ def main() -> None:
     boot = Boot.from_line(sys.stdin.readline())
     sys.path.extend(p for p in boot.sys_path if p not in sys.path)
     os.environ[BOOT_ENV_FLAG] = "1"
+    os.environ.update(environment.task_view(os.environ))  # before anything reads them
     _deepspeed_ops.build_once_per_host()
     conn = channel.connect(boot.address, boot.secret, ALLOWED)
     conn.send(Hello(boot.rank, os.getpid(), socket.gethostname()))

@@ -3,7 +3,9 @@
 `local_mode=True` runs `num_processes` workers on the driver (the local engine, as pyspark runs
 `torchrun --standalone` there); `local_mode=False` runs them as a barrier stage of
 `num_processes` tasks (the Spark engine). Either way the workers see torchrun's environment, so
-`init_process_group()` with no arguments works, and a script runs as `torchrun script.py args`.
+`init_process_group()` with no arguments works, and a script runs as `torchrun script.py args`;
+on Spark numbered as pyspark's one torchrun per task numbers it (LOCAL_RANK 0, GROUP_RANK the
+task), so Lightning's `Trainer(devices=1, num_nodes=N)` runs as under pyspark.
 
 What pyspark refuses is refused at the same moment, with pyspark's error class and the start of
 its message: a missing SparkSession or GPUs the run cannot have in the constructor
@@ -123,6 +125,7 @@ class TorchDistributor:
                 env[CUDA_VISIBLE_DEVICES] = ",".join(self._driver_gpus()[: self.num_processes])
         else:
             options["ignore_ssl_key"] = self._IGNORE_SSL_KEY
+            env[environment.PER_TASK_VAR] = "1"  # torchrun's names as pyspark's tasks see them
             if not self.use_gpu:  # as pyspark's tasks: CPU training on a GPU host sees no GPU
                 env[CUDA_VISIBLE_DEVICES] = ""
         return RunConfig(

@@ -7,6 +7,8 @@ Horovod's TF gradients and error classes (tf.errors.FailedPreconditionError when
 disagree, InvalidArgumentError for a bad argument an op checks).
 """
 
+import tensorflow as tf
+
 from hora.collectives import Adasum as Adasum
 from hora.collectives import Average as Average
 from hora.collectives import HorovodInternalError as HorovodInternalError
@@ -67,6 +69,13 @@ from hora.timeline import start_timeline as start_timeline
 from hora.timeline import stop_timeline as stop_timeline
 
 from hora.tensorflow import elastic as elastic  # isort: skip -- uses the names above
+
+
+def _executing_eagerly() -> bool:
+    """Whether TensorFlow runs eagerly here: Horovod's private helper, which Horovod's own tests
+    and some user code call as `hvd._executing_eagerly()`."""
+    return bool(tf.executing_eagerly())
+
 
 __all__ = [
     "Adasum",

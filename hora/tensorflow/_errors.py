@@ -73,9 +73,10 @@ def refused_path(message: str) -> bytes:
 
 
 def check(status: tf.Tensor, op_name: str) -> tf.Operation:
-    """The graph op that fails with FailedPrecondition when `status` is a refused path (a
-    `ReadFile`); an always-true `Assert` beside it has the function run it even when nothing
-    reads the collective's result (ReadFile is not stateful, Assert is)."""
+    """The graph op that fails with FailedPrecondition when `status` is a refused path: an
+    always-true `Assert` on a `ReadFile` of it. The collective's result waits on the Assert,
+    which is stateful: a function runs it even when nothing reads the result, and a v1 Session
+    keeps it, where it pruned a wait on the ReadFile alone (not stateful) and returned the
+    refused op's empty tensors."""
     contents = tf.io.read_file(status, name=f"{op_name}Refused")
-    tf.raw_ops.Assert(condition=True, data=[contents], summarize=0)
-    return contents.op
+    return tf.raw_ops.Assert(condition=True, data=[contents], summarize=0)

@@ -46,6 +46,18 @@ def assert_spread(places: list[dict[str, Any]], hosts: int, per_host: int) -> No
     assert {p["GROUP_WORLD_SIZE"] for p in places} == {hosts}, table
 
 
+def assert_spread_per_task(places: list[dict[str, Any]], hosts: int, per_host: int) -> None:
+    """As `assert_spread`, for TorchDistributor's ranks on Spark, numbered as pyspark's one
+    torchrun per task numbers them: every LOCAL_RANK 0 of 1, GROUP_RANK the rank's task."""
+    table = placement_table(places)
+    counts = Counter(p["host"] for p in places)
+    assert sorted(counts) == [f"host{i}" for i in range(1, hosts + 1)], table
+    assert set(counts.values()) == {per_host}, table
+    assert {(p["LOCAL_RANK"], p["LOCAL_WORLD_SIZE"]) for p in places} == {(0, 1)}, table
+    assert [p["GROUP_RANK"] for p in places] == [p["RANK"] for p in places], table
+    assert {p["GROUP_WORLD_SIZE"] for p in places} == {hosts * per_host}, table
+
+
 def assert_trained_like_one_process(results: list[dict[str, Any]]) -> None:
     """Every rank ends with the same model, bit for bit, and it is the one-process model."""
     want = _jobs.reference(len(results))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import threading
 
 import pytest
 
 import hora
 from hora import environment
+from hora.engines import process
 from tests import _workers
 from tests.conftest import tagged_processes
 
@@ -152,6 +154,37 @@ def test_logs_arrive_once_each_marked_with_rank(capfd):
             assert out.count(f"[{rank}] out {rank} {i}\n") == 1
             assert err.count(f"[{rank}] err {rank} {i}\n") == 1
         assert out.count(f"[{rank}] last words of {rank} without newline") == 1
+
+
+def test_progress_bars_keep_their_rank_prefix(capfd, tmp_path):
+    """Every redraw of a bar ("\\r") comes with its rank's prefix, as it happens, and no prefix
+    stands alone; main printed "[0] " then the whole bar's history, unprefixed, at its end."""
+    hora.run(_workers.progress_bars, (3,), np=2, output_filename=str(tmp_path))
+    out, err = capfd.readouterr()
+    for rank in (0, 1):
+        bar = [d for d in re.split(r"[\r\n]", err) if f"bar {rank}" in d]
+        assert len(bar) >= 4 and all(d.startswith(f"[{rank}] bar {rank}:") for d in bar), bar
+        assert bar[-1].startswith(f"[{rank}] bar {rank}: 100%")
+        steps = [d for d in re.split(r"[\r\n]", out) if f" {rank}." in d or f"done {rank}" in d]
+        assert steps == [f"[{rank}] step {rank}.{i}" for i in range(3)] + [f"[{rank}] done {rank}"]
+        with open(tmp_path / f"rank.{rank}" / "stdout", newline="") as f:  # as printed
+            redraws = "".join(f"step {rank}.{i}\r" for i in range(3))
+            assert f.read() == f"{redraws}done {rank}\n"
+    pieces = re.split(r"[\r\n]", out + err)
+    assert "[0]" not in [p.strip() for p in pieces] and "[1]" not in [p.strip() for p in pieces]
+
+
+@pytest.mark.parametrize(
+    ("data", "lines", "rest"),
+    [
+        (b"a\nb\r\nc", ["a", "b"], b"c"),
+        (b"\r 0%\r50%\r100%\n", [" 0%\r", "50%\r", "100%"], b""),
+        (b"x\r", [], b"x\r"),  # a "\n" may follow
+        (b"\r\r\n", [""], b""),
+    ],
+)
+def test_lines_end_at_newlines_and_carriage_returns(data, lines, rest):
+    assert process.split_lines(data) == (lines, rest)
 
 
 def test_log_callback_only_forwards_log_to_driver_alone(capfd):

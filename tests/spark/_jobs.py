@@ -133,3 +133,41 @@ def pythagoras(leg1: float, leg2: float) -> float:
 
     print(deepspeed.__version__)
     return (leg1 * leg1 + leg2 * leg2) ** 0.5
+
+
+TORCHRUN_NAMES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "NODE_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+def torchrun_view() -> list[dict]:
+    """Every rank's torchrun variables, whether torch sees a torchrun launch, and hora's own
+    numbering (hvd.local_rank()), gathered to rank 0 (the doors return rank 0's value)."""
+    import torch.distributed as dist
+
+    import hora.torch as hvd
+
+    dist.init_process_group("gloo")
+    hvd.init()
+    mine = {name: os.environ.get(name) for name in TORCHRUN_NAMES}
+    mine |= {
+        "torchelastic": dist.is_torchelastic_launched(),
+        "hvd": (hvd.rank(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank()),
+    }
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    hvd.shutdown()
+    return every

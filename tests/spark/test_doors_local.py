@@ -99,6 +99,54 @@ def test_cpu_training_hides_the_gpus(spark, driver_cuda):
     assert local.run(_jobs.cuda_visible_devices) == ""
 
 
+# ----- issue 31: pyspark's torchrun per task, pyspark's RuntimeError -----------------------------
+def test_torch_distributor_ranks_see_pyspark_s_torchrun_per_task(spark):
+    """pyspark starts one `torchrun --nnodes=<tasks> --node_rank=<task>` of one process per task:
+    LOCAL_RANK 0 in each, GROUP_RANK and NODE_RANK the task's index, TORCHELASTIC_RUN_ID set.
+    main numbered LOCAL_RANK per host (1 for the second task) and set no run id, so Lightning's
+    Trainer(devices=1, num_nodes=2) failed. hora's own numbering stays per host."""
+    for door in (
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False),
+        DeepspeedTorchDistributor(numGpus=2, localMode=False, useGpu=False),
+    ):
+        views = door.run(_jobs.torchrun_view)
+        run_ids = {v["TORCHELASTIC_RUN_ID"] for v in views}
+        assert len(run_ids) == 1 and None not in run_ids
+        for rank, view in enumerate(views):
+            assert view["torchelastic"] is True
+            assert (view["RANK"], view["WORLD_SIZE"]) == (str(rank), "2")
+            assert (view["LOCAL_RANK"], view["LOCAL_WORLD_SIZE"]) == ("0", "1")
+            assert view["GROUP_RANK"] == view["NODE_RANK"] == str(rank)
+            assert view["GROUP_WORLD_SIZE"] == "2"
+            assert view["ROLE_NAME"] == "default" and view["TORCHELASTIC_RESTART_COUNT"] == "0"
+            assert view["hvd"] == (rank, rank, 2, 0)  # rank, local_rank, local_size, cross_rank
+
+
+def test_horovod_doors_keep_host_local_ranks_and_set_the_run_id(spark):
+    """HorovodRunner numbers the host's ranks as horovodrun does, under torchrun's names too;
+    every door marks a torchrun-style launch (main set no TORCHELASTIC_RUN_ID)."""
+    for views in (
+        hora.HorovodRunner(np=2).run(_jobs.torchrun_view),
+        TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(_jobs.torchrun_view),
+    ):
+        for rank, view in enumerate(views):
+            assert view["torchelastic"] is True
+            assert (view["LOCAL_RANK"], view["LOCAL_WORLD_SIZE"]) == (str(rank), "2")
+            assert (view["GROUP_RANK"], view["NODE_RANK"]) == ("0", None)
+            assert view["hvd"] == (rank, rank, 2, 0)
+
+
+def test_a_failed_run_is_a_runtime_error_as_pyspark_s(spark):
+    """pyspark raises RuntimeError when the training fails; callers catch that. main's
+    WorkerFailedError was no RuntimeError."""
+    for local_mode in (True, False):
+        door = TorchDistributor(num_processes=2, local_mode=local_mode, use_gpu=False)
+        with pytest.raises(RuntimeError, match="deliberate") as info:
+            door.run(_workers.fail_on, 1, "raise")
+        assert isinstance(info.value, hora.WorkerFailedError)
+        assert isinstance(info.value, hora.HoraError)
+
+
 SSL_KEYS = {
     "TorchDistributor": "pytorch.spark.distributor.ignoreSsl",
     "DeepspeedTorchDistributor": "deepspeed.spark.distributor.ignoreSsl",

@@ -70,6 +70,17 @@ def test_each_rank_sees_its_task_gpu_at_local_rank(spark):
     assert sorted(own) == ["5", "6"]  # cuda:LOCAL_RANK is a different GPU for each rank
 
 
+def test_torch_distributor_rank_sees_only_its_own_gpu_at_local_rank_0(spark):
+    """As pyspark's torchrun per task: LOCAL_RANK 0 and the task's GPU alone, so cuda:0 is the
+    rank's own; hora's own numbering (hvd.local_rank()) still counts the host's ranks."""
+    views = TorchDistributor(num_processes=2, local_mode=False, use_gpu=True).run(
+        _jobs.torchrun_view
+    )
+    assert sorted(v["CUDA_VISIBLE_DEVICES"] for v in views) == ["5", "6"]
+    assert [(v["LOCAL_RANK"], v["GROUP_RANK"]) for v in views] == [("0", "0"), ("0", "1")]
+    assert [v["hvd"][1:3] for v in views] == [(0, 2), (1, 2)]
+
+
 def test_use_gpu_false_hides_the_executor_s_gpus(spark):
     """As pyspark's tasks do: CPU training on a GPU host sees no GPU (issue 26)."""
     seen = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(

@@ -315,6 +315,31 @@ def mismatches(r: int, n: int) -> None:
 
 
 @case
+def mismatches_in_a_session(r: int, n: int) -> None:
+    """TF1-style graph mode, ops run by a Session (as Horovod's test_tensorflow.py evaluates
+    them without eager execution): FailedPreconditionError too; main returned empty tensors."""
+    odd = r == n - 1
+    assert hvd._executing_eagerly()
+
+    def in_session(make: Callable[[], tf.Tensor]) -> object:
+        with tf.Graph().as_default():  # a test of tf.test.TestCase gets a fresh graph
+            assert not hvd._executing_eagerly()
+            result = make()
+            with tf.compat.v1.Session() as session:
+                return session.run(result)
+
+    refused = tf.errors.FailedPreconditionError
+    for make, match in (
+        (lambda: hvd.allreduce(tf.ones([2 + odd]), name="session.shape"), "shape"),
+        (lambda: hvd.allgather(tf.ones([1, 2 + odd]), name="session.gather"), "shape"),
+        (lambda: hvd.broadcast(tf.ones([2]), 1 if odd else 0, name="session.root"), "root"),
+    ):
+        expect_raises(refused, lambda make=make: in_session(make), match)
+    summed = in_session(lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="session.ok"))
+    np.testing.assert_array_equal(summed, np.full(2, n, dtype=np.float32))  # still healthy
+
+
+@case
 def process_sets(r: int, n: int) -> None:
     members = [0, n - 1] if n > 2 else [n - 1]
     ps = hvd.add_process_set(members)

@@ -27,7 +27,7 @@ def test_spark_local2_script_and_function(tmp_path):
             SCRIPT, "--out", str(out)
         )
         seen = _seen(out)
-        _trained(seen, stage=2)
+        _trained(seen, stage=2, per_task=True)
         for s in seen:  # each rank wrote its own copy (executors do not see the driver's files)
             assert s["config_existed"] and not os.path.exists(s["config_path"])
         path = tmp_path / "ds.json"
@@ -38,6 +38,6 @@ def test_spark_local2_script_and_function(tmp_path):
             2, localMode=False, useGpu=False, deepspeedConfig=str(path)
         ).run(_ranks.function, str(out))
         assert result["config"] == CONFIG  # a path config reaches a function as its dict
-        _trained(_seen(out), stage=2)
+        _trained(_seen(out), stage=2, per_task=True)
     finally:
         stop_spark(spark)

@@ -30,4 +30,4 @@ def test_spark_local2_adamw_trains_on_the_built_op(fused_adam_cache: BuiltCache,
     output = capfd.readouterr().out
     assert "hora: building" not in output and "hora: waiting" not in output, output
     assert fused_adam_cache.built_op.stat().st_mtime_ns == built_at
-    _trained(_seen(tmp_path), stage=2)
+    _trained(_seen(tmp_path), stage=2, per_task=True)
