@@ -20,7 +20,7 @@ import traceback
 
 import cloudpickle
 
-from hora import _deepspeed_ops, _stacks
+from hora import _deepspeed_ops, _sources, _stacks
 from hora._payload import dumps_result
 from hora._script import CommandFailed
 from hora.engines.spark import task_context
@@ -85,7 +85,7 @@ def _failure(rank: int, exc: BaseException) -> Error:
         and _is_launcher_frame(tb.tb_frame.f_code.co_filename)
     ):
         tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    text = _sources.name_cells("".join(traceback.format_exception(type(exc), exc, tb)))
     summary = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return Error(rank, summary, text, time.time())
 

@@ -51,5 +51,18 @@ class RunTimeoutError(HoraError, TimeoutError):
         return str(self.args[0])
 
 
+class RankTraceback(Exception):
+    """A rank's own traceback, set as the cause of the error the driver raises: a terminal or a
+    notebook then shows the user's frames and exception first, hora's story after them."""
+
+    def __init__(self, rank: int, text: str):
+        super().__init__(rank, text)
+        self.rank = rank
+        self.text = text
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} raised:\n{self.text.rstrip()}"
+
+
 class UnpicklableError(HoraError, TypeError):
     """The training function, its arguments or its return value cannot be pickled."""

@@ -48,12 +48,16 @@ FLOORS: dict[int, tuple[str, ...]] = {
     2: (
         "hora.environment",
         "hora._payload",
+        "hora._shipping",  # what of the driver's code goes to a cluster's ranks
         "hora._output_files",
         "hora._deepspeed_ops",
         "hora._stacks",
         "hora.reporters",
     ),
-    1: ("hora.wire",),  # how processes talk: imports nothing of hora but hora.errors
+    1: (
+        "hora.wire",  # how processes talk: imports nothing of hora but hora.errors
+        "hora._sources",  # the lines of the code a payload ships, for the ranks' tracebacks
+    ),
     0: ("hora.errors",),
 }
 FLOOR_OF_ROOM = {room: floor for floor, rooms in FLOORS.items() for room in rooms}

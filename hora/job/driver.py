@@ -108,7 +108,8 @@ class Job:
                 except WorkerFailedError as error:
                     self.failed.append(error)
                     if self.policy.decide(error, attempt.index + 1) == "fail":
-                        raise self._final_error() from None
+                        final = self._final_error()
+                        raise final from final.__cause__  # the rank's traceback, or none
                     _say(f"hora: {attempt} failed: {_indented_story(error)}")
                     attempt = self._after_failure(attempt, error, timeline, deadline)
                     continue

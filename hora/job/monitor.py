@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from hora._output_files import OutputFiles
 from hora.engines.process import describe_exit
-from hora.errors import RunTimeoutError, WorkerFailedError
+from hora.errors import RankTraceback, RunTimeoutError, WorkerFailedError
 from hora.job.elastic import AttemptResized, GrowthWatch
 from hora.job.metrics import MetricsLog
 from hora.job.stacks import StackRequest, take_request
@@ -387,7 +387,10 @@ class Monitor:
             lines += [f"  {f.subject or f'rank {f.rank}'}: {f.summary}" for f in others]
         if self.dump is not None:
             lines += ["", self._stack_report(self.dump)]
-        return WorkerFailedError("\n".join(lines), root.rank, [f.rank for f in ordered])
+        error = WorkerFailedError("\n".join(lines), root.rank, [f.rank for f in ordered])
+        if root.reported and root.traceback:  # printed first: the user's frames lead
+            error.__cause__ = RankTraceback(root.rank, root.traceback)
+        return error
 
 
 def _ranks(ranks: list[int]) -> str:
