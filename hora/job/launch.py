@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hora import engines
+from hora import _shipping, engines
 from hora._payload import dumps_job
 from hora.config import RunConfig
 from hora.job.driver import Attempt, Job
@@ -37,9 +37,12 @@ def launch_with_metrics(
     """`launch`, and the history of the ranks' `hora.report` metrics, one dict per step."""
     if not callable(fn):
         raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
-    payload = dumps_job(fn, tuple(args), dict(kwargs))
     engine = engines.get(config.backend)
     first = engine.make_launcher(config)
+    # The user's own modules go by value where the ranks cannot import them (other machines).
+    ship = _shipping.ships(config.ship_code, bool(getattr(first, "ranks_elsewhere", False)))
+    by_value = _shipping.is_users_module if ship else None
+    payload = dumps_job(fn, tuple(args), dict(kwargs), by_value)
 
     def new_group(attempt: Attempt, env: Mapping[str, str]) -> WorkerGroup:
         if attempt.index == 0:

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from hora import environment
+from hora import _shipping, environment
 from hora.engines.base import LaunchContext, Launcher
 from hora.engines.ray.actor import RankSupervisor
 from hora.engines.rendezvous import host_store
@@ -70,6 +70,11 @@ class RayLauncher(Launcher):
         # address, as Ray does.
         self.one_machine = _one_machine(ray, self.node_address)
         self.channel_host = LOOPBACK if self.one_machine else self.node_address
+        # Other nodes cannot import the driver's own modules, and may lack hora: hora ships
+        # itself as a runtime_env py_module (hora._shipping).
+        self.ranks_elsewhere = not self.one_machine
+        ship = _shipping.ships(config.ship_code, self.ranks_elsewhere)
+        self.runtime_env = {"py_modules": [_shipping.hora_package_dir()]} if ship else None
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -104,6 +109,7 @@ class RayLauncher(Launcher):
                         self._group, placement_group_bundle_index=slot
                     ),
                     name=f"{self.tag}-slot-{slot}",
+                    runtime_env=self.runtime_env,
                 ).remote(self.cpus)
             )
         self._thread = threading.Thread(target=self._run, name="hora-ray", daemon=True)
