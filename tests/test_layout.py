@@ -39,7 +39,7 @@ PACKAGE = REPO / "hora"
 FLOORS: dict[int, tuple[str, ...]] = {
     10: ("hora.__main__",),  # `python -m hora`: runs the command line, so it sits above it
     9: ("hora", "hora.cli"),  # the package's face and the command line
-    8: ("hora.api", "hora.spark", "hora._worker"),  # the doors, and what every worker runs first
+    8: ("hora.api", "hora.spark", "hora.serverless", "hora._worker"),  # doors; a rank's first code
     7: ("hora.job",),  # the driver's lifecycle: launch, group, monitor, policy, restarts
     6: ("hora.config", "hora._script", "hora.keras"),  # the one RunConfig; a script as a job
     5: ("hora.torch", "hora.tensorflow"),  # Horovod's framework APIs
