@@ -25,14 +25,20 @@ sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) not in 
 """
 
 
-def make_python_without_hora(folder: Path) -> str:
-    """An executable script that runs this interpreter without hora; checked."""
+def hide_hora(folder: Path) -> str:
+    """A folder whose `sitecustomize` hides hora: put it first on PYTHONPATH."""
     site = folder / "site"
     site.mkdir(parents=True, exist_ok=True)
     import hora  # where the tests' hora is: the worktree, on PYTHONPATH
 
     hidden = {os.path.realpath(os.path.dirname(os.path.dirname(hora.__file__)))}
     (site / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(hidden=hidden))
+    return str(site)
+
+
+def make_python_without_hora(folder: Path) -> str:
+    """An executable script that runs this interpreter without hora; checked."""
+    site = hide_hora(folder)
     wrapper = folder / "python-without-hora"
     wrapper.write_text(
         "#!/bin/sh\n"  # in a folder of its own, as an executor: `-m` puts the folder first

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from hora import _shipping, environment
 from hora.engines.base import LaunchContext, Launcher
 from hora.engines.ray.actor import RankSupervisor
+from hora.engines.ray.shipping import hora_runtime_env
 from hora.engines.rendezvous import host_store
 from hora.engines.supervisor import STOP_GRACE_SECONDS
 from hora.wire.protocol import EngineFailed, Plan
@@ -74,7 +75,7 @@ class RayLauncher(Launcher):
         # itself as a runtime_env py_module (hora._shipping).
         self.ranks_elsewhere = not self.one_machine
         ship = _shipping.ships(config.ship_code, self.ranks_elsewhere)
-        self.runtime_env = {"py_modules": [_shipping.hora_package_dir()]} if ship else None
+        self.runtime_env = hora_runtime_env() if ship else None
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
         self._stopping = threading.Event()
         self._lock = threading.Lock()
