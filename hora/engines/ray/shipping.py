@@ -17,11 +17,12 @@ from hora import _shipping
 
 def hora_runtime_env() -> dict[str, Any]:
     """`{"py_modules": [<URI of this hora in the cluster's store>]}`."""
-    from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+    from ray._private.runtime_env import py_modules
 
+    upload: Any = py_modules.upload_py_modules_if_needed  # Ray's own, as ray.init calls it
     env = {"py_modules": [_shipping.hora_package_dir()]}
     scratch = tempfile.gettempdir()
     try:
-        return dict(upload_py_modules_if_needed(env, include_gitignore=True, scratch_dir=scratch))
-    except TypeError:  # a Ray before 2.50 (no include_gitignore)
-        return dict(upload_py_modules_if_needed(env, scratch_dir=scratch))
+        return dict(upload(env, include_gitignore=True, scratch_dir=scratch))
+    except TypeError:  # an older Ray (>= 2.9): no include_gitignore
+        return dict(upload(env, scratch_dir=scratch))
