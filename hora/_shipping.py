@@ -15,6 +15,7 @@ node).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import site
@@ -56,6 +57,7 @@ def ships(ship_code: ShipCode, needed: bool) -> bool:
     return needed if chosen is None else chosen
 
 
+@functools.cache
 def _library_dirs() -> tuple[str, ...]:
     paths = {
         sysconfig.get_paths().get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")
