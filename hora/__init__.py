@@ -4,6 +4,7 @@
 horovod.run's, `hora.torch` is Horovod's PyTorch API on torch.distributed, `hora.Checkpoint`
 (from hora.checkpoint) writes and finds training checkpoints, `hora.report(metrics)` sends a
 step's metrics from any rank to the driver (printed, and to `report_to=`'s `hora.reporters`).
+`@hora.distributed(gpus=N, remote=...)` is Databricks' serverless GPU API (`serverless_gpu`).
 """
 
 from hora import reporters as reporters
@@ -15,6 +16,7 @@ from hora.errors import HoraError as HoraError
 from hora.errors import RunTimeoutError as RunTimeoutError
 from hora.errors import UnpicklableError as UnpicklableError
 from hora.errors import WorkerFailedError as WorkerFailedError
+from hora.serverless import distributed as distributed
 from hora.wire.link import log_to_driver as log_to_driver
 from hora.wire.link import report as report
 
@@ -28,6 +30,7 @@ __all__ = [
     "Runner",
     "UnpicklableError",
     "WorkerFailedError",
+    "distributed",
     "log_to_driver",
     "report",
     "reporters",

@@ -6,21 +6,35 @@ user with a `SummaryWriter` captured in a closure needs the variable's name to f
 
 from __future__ import annotations
 
+import io
+import pickle
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
 
+from hora import _sources
 from hora.errors import UnpicklableError
 
 _MAX_DEPTH = 4
 
 
-def dumps_job(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    """Pickle `(fn, args, kwargs)`, raising `UnpicklableError` that names the culprit."""
+def dumps_job(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    by_value: Callable[[Any], bool] | None = None,
+) -> bytes:
+    """Pickle `(fn, args, kwargs)`, raising `UnpicklableError` that names the culprit.
+
+    The lines of the code pickled by value travel along (`hora._sources`), so the ranks'
+    tracebacks show them. `by_value(module)` picks the modules whose functions and classes are
+    pickled by value, not by name (a notebook's own modules, which the ranks cannot import)."""
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        pickler = _Pickler(by_value)
+        data = pickler.dump_all((fn, args, kwargs))
     except Exception as exc:
         name = getattr(fn, "__qualname__", repr(fn))
         parts = [(f"function {name}", fn)]
@@ -32,6 +46,84 @@ def dumps_job(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
             f"({type(exc).__name__}: {exc}). Create such objects inside the function, on each "
             "worker, instead of capturing them from the driver or passing them as arguments."
         ) from exc
+    sources = _sources.lines_of(pickler.files)
+    if not sources:
+        return data
+    return pickle.dumps(_WithSources(data, sources), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _loads_with_sources(data: bytes, sources: _sources.Sources) -> Any:
+    """On a rank: register the driver's lines, then unpickle the job (a plain tuple)."""
+    _sources.register(sources)
+    return cloudpickle.loads(data)
+
+
+class _WithSources:
+    """A job whose unpickling registers its code's lines first (`_loads_with_sources`)."""
+
+    def __init__(self, data: bytes, sources: _sources.Sources):
+        self.data, self.sources = data, sources
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_loads_with_sources, (self.data, self.sources))
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, noting the file of every code object it pickles (by value), and pickling by
+    value the modules `by_value` picks, as it meets them."""
+
+    def __init__(self, by_value: Callable[[Any], bool] | None):
+        self._buffer = io.BytesIO()
+        super().__init__(self._buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        self.files: set[str] = set()
+        self._by_value = by_value
+        self._registered: list[str] = []
+        self._refused: set[str] = set()
+
+    def dump_all(self, obj: Any) -> bytes:
+        try:
+            self.dump(obj)
+        finally:
+            for name in self._registered:
+                cloudpickle.unregister_pickle_by_value(_module(name))
+        return self._buffer.getvalue()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.CodeType):
+            self.files.add(obj.co_filename)
+            return _code_reduce(obj)
+        if self._by_value is not None:
+            self._note_module(obj)
+        return super().reducer_override(obj)
+
+    def _note_module(self, obj: Any) -> None:
+        if isinstance(obj, types.ModuleType):
+            module = obj
+        elif isinstance(obj, type | types.FunctionType):
+            module = _module(getattr(obj, "__module__", None) or "")
+        else:
+            return
+        name = getattr(module, "__name__", None)
+        if not name or name in self._registered or name in self._refused:
+            return
+        if name in cloudpickle.list_registry_pickle_by_value():
+            return  # the user's own choice: left as it is
+        if self._by_value is not None and self._by_value(module):
+            cloudpickle.register_pickle_by_value(module)
+            self._registered.append(name)
+        else:
+            self._refused.add(name)
+
+
+def _code_reduce(code: types.CodeType) -> Any:
+    """cloudpickle's reduction of a code object, with its file's name kept: cloudpickle renames
+    every file `<dynamic-code>`, and the rank's traceback could then show no cell's lines."""
+    constructor, args = cloudpickle.cloudpickle._code_reduce(code)
+    return constructor, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+
+
+def _module(name: str) -> Any:
+    return sys.modules.get(name)
 
 
 def dumps_result(value: Any, rank: int) -> bytes:

@@ -29,6 +29,8 @@ class Runner:
     Metrics the ranks send with `hora.report` are printed per step and handed to `report_to`
     (hora.reporters.TensorBoard, MLflow, any callable); `return_metrics=True` makes `run`
     return `(value, metrics)`, the metrics one dict per step.
+    `ship_code`: whether hora and the user's own modules go to a cluster's ranks with the job
+    (None: `HORA_SHIP_CODE`, by default where the ranks may lack them; docs/shipping.md).
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class Runner:
         return_metrics: bool = False,
         min_np: int | None = None,
         max_np: int | None = None,
+        ship_code: bool | None = None,
     ):
         if isinstance(np, bool) or not isinstance(np, int):
             raise ValueError(f"np must be an int, got {np!r}")
@@ -72,6 +75,7 @@ class Runner:
             progress=progress,
             min_np=min_np,
             max_np=max_np,
+            ship_code=ship_code,
         )
         self.return_metrics = bool(return_metrics)
 
@@ -104,6 +108,7 @@ def run(
     return_metrics: bool = False,
     min_np: int | None = None,
     max_np: int | None = None,
+    ship_code: bool | None = None,
 ) -> Any:
     """Run `fn(*args, **kwargs)` on `np` processes; return every rank's value in rank order.
 
@@ -113,7 +118,7 @@ def run(
     the run elastic (see Runner); the values are then those of the last attempt's ranks.
     `output_filename`: as horovod.run's, a folder that gets `rank.<rank>/stdout` and `stderr`.
     `report_to`, `progress`: where the ranks' `hora.report` metrics go (see Runner);
-    `return_metrics=True` returns `(values, metrics)`.
+    `return_metrics=True` returns `(values, metrics)`. `ship_code`: as Runner's.
     """
     config = RunConfig(
         np=np,
@@ -129,6 +134,7 @@ def run(
         progress=progress,
         min_np=min_np,
         max_np=max_np,
+        ship_code=ship_code,
     )
     results, metrics = launch_with_metrics(fn, tuple(args), dict(kwargs or {}), config)
     return (results, metrics) if return_metrics else results

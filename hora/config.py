@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from hora import engines
+from hora import _shipping, engines
 
 #: an engine's name: the public keyword is `backend=` (Horovod's, pyspark's); hora.engines lists
 #: the engines
@@ -61,6 +61,9 @@ class RunConfig:
     #: then defaults to np, as in horovodrun.
     min_np: int | None = None
     max_np: int | None = None
+    #: whether hora ships itself and the user's own modules to the ranks (hora._shipping): None
+    #: is HORA_SHIP_CODE's choice, by default "auto" (where the ranks may lack the code)
+    ship_code: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.np, bool) or not isinstance(self.np, int) or self.np <= 0:
@@ -98,6 +101,7 @@ class RunConfig:
         if self.use_gpu is not None and not isinstance(self.use_gpu, bool):
             raise ValueError(f"use_gpu must be True, False or None, got {self.use_gpu!r}")
         self.reporters()  # a bad value fails here
+        _shipping.setting(self.ship_code)  # a bad value (or HORA_SHIP_CODE) fails here
 
     def reporters(self) -> tuple[Reporter, ...]:
         """`report_to` as a tuple (one reporter needs no list); a ValueError for anything else."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,6 +53,30 @@ class RunTimeoutError(HoraError, TimeoutError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class RankTraceback(Exception):
+    """A rank's own traceback, set as the cause of the error the driver raises: a terminal or a
+    notebook then shows the user's frames and exception first, hora's story after them."""
+
+    def __init__(self, rank: int, text: str, exception: bytes | None = None):
+        super().__init__(rank, text, exception)
+        self.rank = rank
+        self.text = text
+        self.exception = exception
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} raised:\n{self.text.rstrip()}"
+
+    def original(self) -> BaseException | None:
+        """The rank's exception itself (its type and arguments), where it came back pickled."""
+        if self.exception is None:
+            return None
+        try:
+            found = pickle.loads(self.exception)
+        except Exception:
+            return None
+        return found if isinstance(found, BaseException) else None
 
 
 class UnpicklableError(HoraError, TypeError):

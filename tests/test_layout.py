@@ -44,7 +44,7 @@ PACKAGE = REPO / "hora"
 FLOORS: dict[int, tuple[str, ...]] = {
     10: ("hora.__main__",),  # `python -m hora`: runs the command line, so it sits above it
     9: ("hora", "hora.cli"),  # the package's face and the command line
-    8: ("hora.api", "hora.spark"),  # the doors
+    8: ("hora.api", "hora.spark", "hora.serverless"),  # the doors
     # the driver's lifecycle (launch, group, monitor, policy, restarts) and its twin, a rank's
     # (the bootstrap every worker runs, its stacks); neither imports the other
     7: ("hora.job", "hora.rank"),
@@ -55,12 +55,16 @@ FLOORS: dict[int, tuple[str, ...]] = {
     2: (
         "hora.environment",
         "hora._payload",
+        "hora._shipping",  # what of the driver's code goes to a cluster's ranks
         "hora._output_files",
         "hora._deepspeed_ops",
         "hora.reporters",
         "hora.storage",  # where files live: one parser of places, one pyarrow wrapper
     ),
-    1: ("hora.wire",),  # how processes talk: imports nothing of hora but hora.errors
+    1: (
+        "hora.wire",  # how processes talk: imports nothing of hora but hora.errors
+        "hora._sources",  # the lines of the code a payload ships, for the ranks' tracebacks
+    ),
     0: ("hora.errors",),
 }
 FLOOR_OF_ROOM = {room: floor for floor, rooms in FLOORS.items() for room in rooms}

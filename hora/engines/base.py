@@ -38,6 +38,9 @@ class AttemptSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     #: the most ranks any attempt of the run may have (an elastic run's max_np; else np)
     max_np: int | None = None
+    #: whether hora and the user's own modules go with the job to ranks on other machines
+    #: (None: where they are needed; `hora._shipping`)
+    ship_code: bool | None = None
 
     @property
     def restart(self) -> bool:

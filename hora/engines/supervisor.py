@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from hora import environment
+from hora import _shipping, environment
 from hora.engines.process import WorkerProcess, remove_segments_left, stop_all
 from hora.wire.channel import Connection
 from hora.wire.protocol import Boot, Exited, Output, Plan
@@ -57,6 +57,7 @@ def supervised_worker(
     )
     env.update(plan.user_env)
     env.update(engine_env or {})
+    _shipping.rank_pythonpath(env)  # a shipped hora is where this supervisor found it
     cwd = plan.cwd if os.path.isdir(plan.cwd) else None  # the driver's, where it exists
     worker = WorkerProcess(boot, env, on_line=on_line, on_exit=on_exit, cwd=cwd)
     try:

@@ -73,13 +73,15 @@ class Job:
     def __init__(
         self,
         config: RunConfig,
-        payload: bytes,
+        payload: bytes | Callable[[], bytes],
         new_group: NewGroup,
         policy: FailurePolicy | None = None,
         capacity: EngineCapacity | None = None,
         commits_here: bool = False,
     ):
         self.config = config
+        # the job pickled, or how to get it once the first group is built (the launcher says
+        # whether the user's modules go by value)
         self.payload = payload
         self.new_group = new_group
         # RunConfig resolved max_restarts (None only before it did); from here on, the policy's
@@ -92,6 +94,7 @@ class Job:
             use_gpu=config.use_gpu,
             options=config.engine_options,
             max_np=config.most_ranks,
+            ship_code=config.ship_code,
         )
         self.failed: list[WorkerFailedError] = []  # one story per failed attempt, in order
         # One for the run: a restarted attempt's reports follow the ones before it.
@@ -130,7 +133,8 @@ class Job:
                 except WorkerFailedError as error:
                     self.failed.append(error)
                     if self.policy.decide(error, attempt.index + 1) == "fail":
-                        raise self._final_error() from None
+                        final = self._final_error()
+                        raise final from final.__cause__  # the rank's traceback, or none
                     _say(f"hora: {attempt} failed: {_indented_story(error)}")
                     attempt = self._after_failure(attempt, error, timeline, deadline)
                     continue
@@ -240,7 +244,8 @@ class Job:
             self._growth(attempt),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
-        monitor = Monitor(group, attempt.np, self.payload, config.collect_all, watchers)
+        payload = self.payload if isinstance(self.payload, bytes) else self.payload()
+        monitor = Monitor(group, attempt.np, payload, config.collect_all, watchers)
         try:
             group.start()
             return monitor.watch(Limits(config.start_timeout, config.timeout, deadline))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hora import engines
+from hora import _shipping, engines
 from hora._payload import dumps_job
 from hora.config import RunConfig
 from hora.engines.base import AttemptSpec
@@ -37,14 +37,26 @@ def launch_with_metrics(
     """`launch`, and the history of the ranks' `hora.report` metrics, one dict per step."""
     if not callable(fn):
         raise TypeError(f"the training function must be callable, got {type(fn).__name__}")
-    payload = dumps_job(fn, tuple(args), dict(kwargs))
     engine = engines.get(config.backend)
+    payload: list[bytes] = []  # pickled once the first launcher says where the ranks run
+
+    def pickled() -> bytes:
+        return payload[0]
 
     def new_group(spec: AttemptSpec) -> WorkerGroup:
-        return WorkerGroup(engine.make_launcher(spec), engine.rank_setup)
+        launcher = engine.make_launcher(spec)
+        if not payload:
+            # The user's own modules go by value where the ranks cannot import them (other
+            # machines); the engine's checks ran first, and still nothing has started.
+            elsewhere = bool(getattr(launcher, "ranks_elsewhere", False))
+            by_value = (
+                _shipping.is_users_module if _shipping.ships(spec.ship_code, elsewhere) else None
+            )
+            payload.append(dumps_job(fn, tuple(args), dict(kwargs), by_value))
+        return WorkerGroup(launcher, engine.rank_setup)
 
     job = Job(
-        config, payload, new_group, capacity=engine.free_ranks, commits_here=engine.on_this_host
+        config, pickled, new_group, capacity=engine.free_ranks, commits_here=engine.on_this_host
     )
     results = job.run()
     return results, job.metrics.history()

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hora.engines.process import describe_exit
-from hora.errors import RunTimeoutError, WorkerFailedError
+from hora.errors import RankTraceback, RunTimeoutError, WorkerFailedError
 from hora.job.callbacks import AttemptState, MonitorCallback
 from hora.job.elastic import AttemptResized
 from hora.job.stacks import StackRequest, take_request
@@ -69,6 +69,7 @@ class Failure:
     reported: bool  # True when the worker described its own failure
     time: float
     subject: str = ""  # the headline's start when what failed is not the rank itself (a task)
+    exception: bytes | None = None  # the rank's exception, pickled (Error.exception)
 
     def headline(self) -> str:
         return f"{self.subject or f'rank {self.rank} failed'}: {self.summary}"
@@ -226,8 +227,8 @@ class Monitor:
                 self._hello(conn, rank, host)
             case Result(rank=rank, data=data):
                 self.results[rank] = data
-            case Error(rank=rank, summary=summary, traceback=tb, time=when):
-                self.failures[rank] = Failure(rank, summary, tb, True, when)
+            case Error(rank=rank, summary=summary, traceback=tb, time=when, exception=raised):
+                self.failures[rank] = Failure(rank, summary, tb, True, when, exception=raised)
             case Exited(rank=rank, code=code):
                 self._exited(rank, code)
             case EngineFailed(rank=rank, summary=summary, detail=detail, subject=subject):
@@ -412,7 +413,10 @@ class Monitor:
             lines += [f"  {f.subject or f'rank {f.rank}'}: {f.summary}" for f in others]
         if self.dump is not None:
             lines += ["", self._stack_report(self.dump)]
-        return WorkerFailedError("\n".join(lines), root.rank, [f.rank for f in ordered])
+        error = WorkerFailedError("\n".join(lines), root.rank, [f.rank for f in ordered])
+        if root.reported and root.traceback:  # printed first: the user's frames lead
+            error.__cause__ = RankTraceback(root.rank, root.traceback, root.exception)
+        return error
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -22,7 +22,7 @@ import traceback
 
 import cloudpickle
 
-from hora import _deepspeed_ops, environment
+from hora import _deepspeed_ops, _sources, environment
 from hora._payload import dumps_result
 from hora._script import CommandFailed
 from hora.rank import stacks
@@ -87,9 +87,20 @@ def _failure(rank: int, exc: BaseException) -> Error:
         and _is_launcher_frame(tb.tb_frame.f_code.co_filename)
     ):
         tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    text = _sources.name_cells("".join(traceback.format_exception(type(exc), exc, tb)))
     summary = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return Error(rank, summary, text, time.time())
+    return Error(rank, summary, text, time.time(), _pickled(exc))
+
+
+def _pickled(exc: BaseException) -> bytes | None:
+    """The exception itself, for a door that raises the remote exception (hora.distributed);
+    None where it does not pickle (a lock in its arguments) or is not an Exception."""
+    if not isinstance(exc, Exception):
+        return None
+    try:
+        return cloudpickle.dumps(exc)
+    except Exception:
+        return None
 
 
 def _run(boot: Boot, conn: channel.Connection) -> int:

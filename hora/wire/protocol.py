@@ -100,6 +100,7 @@ class Error(NamedTuple):
     summary: str
     traceback: str
     time: float
+    exception: bytes | None = None  # the exception itself, pickled, where it pickles
 
 
 class TimelineBatch(NamedTuple):

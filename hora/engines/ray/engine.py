@@ -22,9 +22,10 @@ import time
 import uuid
 from typing import Any
 
-from hora import environment
+from hora import _shipping, environment
 from hora.engines.base import AttemptSpec, LaunchContext, Launcher
 from hora.engines.ray.actor import RankSupervisor
+from hora.engines.ray.shipping import hora_runtime_env
 from hora.engines.rendezvous import host_store
 from hora.engines.supervisor import STOP_GRACE_SECONDS
 from hora.wire.protocol import EngineFailed, Plan
@@ -66,6 +67,11 @@ class RayLauncher(Launcher):
         # address, as Ray does.
         self.one_machine = _one_machine(ray, self.node_address)
         self.channel_host = LOOPBACK if self.one_machine else self.node_address
+        # Other nodes cannot import the driver's own modules, and may lack hora: hora ships
+        # itself as a runtime_env py_module (hora._shipping).
+        self.ranks_elsewhere = not self.one_machine
+        ship = _shipping.ships(spec.ship_code, self.ranks_elsewhere)
+        self.runtime_env = hora_runtime_env() if ship else None
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -102,6 +108,7 @@ class RayLauncher(Launcher):
                         self._group, placement_group_bundle_index=slot
                     ),
                     name=f"{self.tag}-slot-{slot}",
+                    runtime_env=self.runtime_env,
                 ).remote(self.cpus)
             )
         self._thread = threading.Thread(target=self._run, name="hora-ray", daemon=True)

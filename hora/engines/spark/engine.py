@@ -35,12 +35,13 @@ import uuid
 from functools import partial
 from typing import Any
 
-from hora import environment
+from hora import _shipping, environment
 from hora.engines.base import AttemptSpec, LaunchContext, Launcher
 from hora.engines.rendezvous import host_store
 from hora.engines.spark import checks as _spark_checks
 from hora.engines.spark import entry as _spark_entry
 from hora.engines.spark import failures as _spark_failures
+from hora.engines.spark import shipping as _spark_shipping
 from hora.engines.spark.session import active_session
 from hora.engines.spark.task import TaskSpec
 from hora.engines.supervisor import STOP_GRACE_SECONDS
@@ -97,6 +98,13 @@ class SparkLauncher(Launcher):
         self.gpu_resource = resource if self.use_gpu else None
         self.gpu_counts = _gpu_counts(options["task_gpu_counts"], spec.np)
         self.python = _spark_checks.python_for_tasks(session)
+        # On other machines the ranks cannot import the driver's own modules; a Python that
+        # Spark chooses may lack hora: hora ships itself then (hora._shipping).
+        self.ranks_elsewhere = session.kind == "connect" or not (
+            _spark_checks.runs_on_this_machine(session.master)
+        )
+        if _shipping.ships(spec.ship_code, self.python is None):
+            _spark_shipping.ship_hora(session)
         if spec.restart:  # a lost executor is being replaced: wait for it, up to start_timeout
             slots = _spark_checks.check_slots(
                 session, spec.np, wait=spec.start_timeout, settle=None, resource=resource
