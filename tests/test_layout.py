@@ -44,7 +44,7 @@ FLOORS: dict[int, tuple[str, ...]] = {
     6: ("hora.config", "hora._script", "hora.keras"),  # the one RunConfig; a script as a job
     5: ("hora.torch", "hora.tensorflow"),  # Horovod's framework APIs
     4: ("hora.collectives", "hora.engines"),  # the collective engine; the engines that run ranks
-    3: ("hora.timeline", "hora.checkpoint"),
+    3: ("hora.timeline", "hora.checkpoint", "hora.data"),  # the trace; checkpoints; data
     2: (
         "hora.environment",
         "hora._payload",
@@ -52,6 +52,7 @@ FLOORS: dict[int, tuple[str, ...]] = {
         "hora._deepspeed_ops",
         "hora._stacks",
         "hora.reporters",
+        "hora.storage",  # where files live: one parser of places, one pyarrow wrapper
     ),
     1: ("hora.wire",),  # how processes talk: imports nothing of hora but hora.errors
     0: ("hora.errors",),

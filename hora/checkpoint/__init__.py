@@ -9,7 +9,7 @@ ckpt.save({"model": model.state_dict(), "optimizer": opt.state_dict(), ...}, ste
 ```
 
 A file: torch.save's bytes plus a footer (length, CRC-32); see `_format`. Where files go: a
-local or mounted directory, or a pyarrow filesystem; see `_storage`. hvd.elastic's commits,
+local or mounted directory, or a pyarrow filesystem; see `hora.storage`. hvd.elastic's commits,
 kept on each host so that they outlive the ranks: `_commits`.
 """
 

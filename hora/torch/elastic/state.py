@@ -1,5 +1,5 @@
 """What elastic training rolls back and resumes from: a model, an optimizer, an ElasticSampler,
-plain values, and FSDP2-sharded models (Horovod's `TorchState`).
+a `hora.data` loader's position, plain values, and FSDP2-sharded models (Horovod's `TorchState`).
 
 `commit()` keeps an in-memory copy and, under hora, the host's copy that outlives the ranks
 (`hora.collectives.elastic`); `restore()` puts the in-memory one back; `sync()` broadcasts rank
@@ -76,6 +76,14 @@ class _SamplerHandler(_Handler):
         processed = set().union(*allgather_object(set(self.value.processed_indices)))
         state = dict(self.value.state_dict(), processed_indices=processed)
         self.value.load_state_dict(broadcast_object(state, root_rank=0, name="elastic.sampler"))
+
+
+class _PositionHandler(_Handler):
+    """A value that keeps a position the same on every rank (`hora.data.Loader`): rank 0's."""
+
+    def sync(self) -> None:
+        state = broadcast_object(self.value.state_dict(), root_rank=0, name="elastic.position")
+        self.value.load_state_dict(state)
 
 
 class _ShardedHandler(_Handler):
@@ -168,6 +176,8 @@ def _handlers(
             handlers[name] = _ModelHandler(value)
         elif isinstance(value, ElasticSampler):
             handlers[name] = _SamplerHandler(value)
+        elif getattr(type(value), "hora_resumable", False):  # hora.data.Loader
+            handlers[name] = _PositionHandler(value)
         else:
             plain[name] = value
     for name, model in sharded.items():
@@ -176,9 +186,10 @@ def _handlers(
 
 
 class TorchState(ObjectState):
-    """State of a PyTorch training loop: `model`, `optimizer`, samplers and plain values.
+    """State of a PyTorch training loop: `model`, `optimizer`, samplers, loaders, plain values.
 
-    Models, optimizers and ElasticSamplers (also when passed as keyword arguments) are saved
+    Models, optimizers, ElasticSamplers and `hora.data` loaders (also when passed as keyword
+    arguments) are saved
     with deep copies of their state_dicts; other keyword arguments are plain values. A model
     sharded with FSDP2 is committed to `checkpoint_dir` (storage every host sees), with the
     optimizers of its parameters.

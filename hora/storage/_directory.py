@@ -1,38 +1,23 @@
-"""Where checkpoint bytes live: a local (or mounted shared) directory, or a pyarrow filesystem.
-
-Both give the same four operations: list names, write a file atomically, open a file for
-reading, remove a file. The checkpoint logic above them never sees a path separator or a URI.
-"""
+"""A directory of whole files, local or on a pyarrow filesystem: list, write atomically, read,
+remove. The checkpoint logic above it never sees a path separator or a URI."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
-import secrets
-import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, Protocol
 
-# A file being written is named `.<final name>.<pid>-<random>.tmp`: the leading dot and the suffix
-# keep it out of every listing of finished checkpoints, and the pid says who left it behind.
-TEMP_SUFFIX = ".tmp"
+from hora.storage._location import Location, move_into_place, temp_name
 
 # Filesystems that cannot fsync a directory (some FUSE and network mounts) say so with these;
 # there the rename is as durable as the filesystem makes it, and nothing more can be asked.
 _NO_DIRECTORY_SYNC = {errno.EINVAL, errno.ENOTSUP, errno.EBADF, errno.EACCES, errno.EPERM}
 
 
-def temp_name(name: str) -> str:
-    return f".{name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
-
-
-def is_temp(name: str) -> bool:
-    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
-
-
-class Storage(Protocol):
-    """A directory of checkpoint files, local or remote."""
+class Directory(Protocol):
+    """A directory of files, local or remote."""
 
     def describe(self, name: str | None = None) -> str:
         """The directory (or one file in it) as the user would write it, for messages."""
@@ -59,24 +44,33 @@ class Storage(Protocol):
         ...
 
 
-def open_storage(directory: str | os.PathLike[str], filesystem: Any = None) -> Storage:
-    """The storage for a path, a `file:` URI, or (with pyarrow) any URI pyarrow can open."""
+def open_directory(
+    place: str | os.PathLike[str], filesystem: Any = None, what: str = "directory"
+) -> Directory:
+    """The directory for a path, a `file:` URI, or (with pyarrow) any URI pyarrow can open;
+    with `filesystem`, `place` is a path on that pyarrow filesystem."""
     if filesystem is not None:
-        return ArrowDirectory(filesystem, os.fspath(directory))
-    text = os.fspath(directory)
-    if not isinstance(text, str) or not text:
-        raise ValueError(f"Checkpoint directory must be a non-empty path or URI, got {directory!r}")
-    parsed = urllib.parse.urlparse(text)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise ValueError(
-                f"Checkpoint directory {text!r}: a file: URI names a path on this machine, "
-                f"not on host {parsed.netloc!r}; write file:///path or mount the share"
-            )
-        return LocalDirectory(urllib.parse.unquote(parsed.path))
-    if len(parsed.scheme) > 1 and "://" in text:  # "C:\\..." is a path, "hdfs://..." a URI
-        return ArrowDirectory.from_uri(text)
-    return LocalDirectory(text)
+        return ArrowDirectory(filesystem, os.fspath(place), what=what)
+    location = Location.parse(place, what)
+    if location.is_local:
+        return LocalDirectory(location.local, what)
+    filesystem, path = location.arrow()
+    return ArrowDirectory(filesystem, path, location.uri, what)
+
+
+def _unwritable(what: str, where: str, e: OSError) -> OSError:
+    return OSError(
+        e.errno,
+        f"{what} {where!r} cannot be written ({e.strerror or e}); "
+        "give a directory this process may create files in",
+    )
+
+
+def _is_a_file(what: str, where: str) -> ValueError:
+    return ValueError(
+        f"{what} {where!r} is a file, not a directory; "
+        "give a directory path (it is created if missing)"
+    )
 
 
 class LocalDirectory:
@@ -87,18 +81,16 @@ class LocalDirectory:
     fsync of the directory (the rename itself survives a crash).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, what: str = "directory") -> None:
         self.path = os.path.abspath(os.path.expanduser(path))
+        self.what = what
 
     def describe(self, name: str | None = None) -> str:
         return self.path if name is None else os.path.join(self.path, name)
 
     def prepare(self) -> None:
         if os.path.exists(self.path) and not os.path.isdir(self.path):
-            raise ValueError(
-                f"Checkpoint directory {self.path!r} is a file, not a directory; "
-                "give a directory path (it is created if missing)"
-            )
+            raise _is_a_file(self.what, self.path)
         try:
             os.makedirs(self.path, exist_ok=True)
             probe = os.path.join(self.path, temp_name("probe"))
@@ -106,11 +98,7 @@ class LocalDirectory:
                 pass
             os.remove(probe)
         except OSError as e:
-            raise OSError(
-                e.errno,
-                f"Checkpoint directory {self.path!r} cannot be written ({e.strerror or e}); "
-                "give a directory this process may create files in",
-            ) from e
+            raise _unwritable(self.what, self.path, e) from e
 
     def names(self) -> list[str]:
         try:
@@ -161,25 +149,13 @@ class ArrowDirectory:
     still keeps a half-copied file from being read.
     """
 
-    def __init__(self, filesystem: Any, path: str, uri: str | None = None) -> None:
+    def __init__(
+        self, filesystem: Any, path: str, uri: str | None = None, what: str = "directory"
+    ) -> None:
         self.fs = filesystem
         self.path = path.rstrip("/") or "/"
         self._uri = uri or path
-
-    @classmethod
-    def from_uri(cls, uri: str) -> ArrowDirectory:
-        try:
-            from pyarrow import fs
-        except ImportError as e:
-            raise ValueError(
-                f"Checkpoint directory {uri!r} is a URI; opening it needs pyarrow "
-                "(pip install pyarrow), or give a local or mounted path"
-            ) from e
-        try:
-            filesystem, path = fs.FileSystem.from_uri(uri)
-        except (ValueError, OSError) as e:
-            raise ValueError(f"Checkpoint directory {uri!r}: pyarrow cannot open it ({e})") from e
-        return cls(filesystem, path, uri)
+        self.what = what
 
     def _join(self, name: str) -> str:
         return f"{self.path.rstrip('/')}/{name}"
@@ -192,10 +168,7 @@ class ArrowDirectory:
 
         info = self.fs.get_file_info(self.path)
         if info.type == fs.FileType.File:
-            raise ValueError(
-                f"Checkpoint directory {self._uri!r} is a file, not a directory; "
-                "give a directory (it is created if missing)"
-            )
+            raise _is_a_file(self.what, self._uri)
         try:
             if info.type == fs.FileType.NotFound:
                 self.fs.create_dir(self.path, recursive=True)
@@ -204,11 +177,7 @@ class ArrowDirectory:
                 pass
             self.fs.delete_file(probe)
         except OSError as e:
-            raise OSError(
-                e.errno,
-                f"Checkpoint directory {self._uri!r} cannot be written ({e}); "
-                "give a directory this process may create files in",
-            ) from e
+            raise _unwritable(self.what, self._uri, e) from e
 
     def names(self) -> list[str]:
         from pyarrow import fs
@@ -217,23 +186,7 @@ class ArrowDirectory:
         return [info.base_name for info in self.fs.get_file_info(selector)]
 
     def write_atomically(self, name: str, write: Callable[[BinaryIO], Any]) -> None:
-        temp = self._join(temp_name(name))
-        final = self._join(name)
-        self.fs.create_dir(self.path, recursive=True)  # made on the driver, used on an executor
-        try:
-            with self.fs.open_output_stream(temp) as out:
-                write(out)
-            try:
-                self.fs.move(temp, final)
-            except OSError:
-                # Some filesystems (HDFS) refuse to move onto an existing file: the same step
-                # saved again. Remove the old one and move again.
-                self.fs.delete_file(final)
-                self.fs.move(temp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                self.fs.delete_file(temp)
-            raise
+        move_into_place(self.fs, self.path, name, write)
 
     @contextlib.contextmanager
     def open_read(self, name: str) -> Iterator[tuple[BinaryIO, int]]:

@@ -1,0 +1,163 @@
+"""A Dataset: Parquet files somewhere every rank reaches, described by their footers, small and
+picklable so that a training function can capture it. `loader()` and `tf_dataset()` read it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hora.data._columns import Column, describe
+from hora.data._loader import DEFAULT_PREFETCH, Loader
+from hora.data._tf import tf_dataset
+from hora.storage import Location
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One Parquet row group: which file, which group, how many rows and (decoded) bytes."""
+
+    file: int
+    group: int
+    rows: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Parquet files under `uri` (a path or any URI pyarrow opens), as the loader reads them.
+
+    Build one with `hora.data.from_spark(df)` on the driver or `hora.data.from_parquet(path)`;
+    capture it in the training function and call `loader()` in each rank.
+    """
+
+    uri: str
+    files: tuple[str, ...]  # relative to uri
+    pieces: tuple[Piece, ...]
+    columns: tuple[Column, ...]
+    fingerprint: str = ""
+    pad: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.pieces)
+
+    def __len__(self) -> int:
+        return self.rows
+
+    @property
+    def location(self) -> Location:
+        return Location.parse(self.uri, "dataset")
+
+    def column(self, name: str) -> Column:
+        return {c.name: c for c in self.columns}[name]
+
+    def loader(
+        self,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        columns: Sequence[str] | None = None,
+        transform: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None,
+        prefetch: int = DEFAULT_PREFETCH,
+        pad: Mapping[str, int] | None = None,
+        *,
+        rank: int | None = None,
+        size: int | None = None,
+    ) -> Loader:
+        """This rank's loader (rank and world size from `hora.environment.current()` unless
+        given): batches as dicts of torch tensors by column; see `hora.data.Loader`."""
+        return Loader(
+            self,
+            batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            columns=columns,
+            transform=transform,
+            prefetch=prefetch,
+            pad=pad,
+            rank=rank,
+            size=size,
+        )
+
+    def tf_dataset(
+        self,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        columns: Sequence[str] | None = None,
+        transform: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None,
+        prefetch: int = DEFAULT_PREFETCH,
+        pad: Mapping[str, int] | None = None,
+        epoch: int = 0,
+    ) -> Any:
+        """This rank's share of one epoch as a `tf.data.Dataset` of dicts of tensors, with the
+        loader's sharding and order (call again with the next `epoch` for the next one)."""
+        return tf_dataset(
+            self.loader(batch_size, shuffle, seed, drop_last, columns, transform, prefetch, pad),
+            epoch,
+        )
+
+
+def parquet_files(location: Location) -> list[str]:
+    """The Parquet files under a location, sorted, relative to it (Spark's markers left out)."""
+    from pyarrow import fs
+
+    filesystem, root = location.arrow()
+    info = filesystem.get_file_info(root)
+    if info.type == fs.FileType.File:
+        return [""]
+    found = filesystem.get_file_info(fs.FileSelector(root, recursive=True, allow_not_found=True))
+    names = []
+    for entry in found:
+        relative = entry.path[len(root.rstrip("/")) + 1 :]
+        hidden = any(part.startswith(("_", ".")) for part in relative.split("/"))
+        if entry.type == fs.FileType.File and not hidden and not relative.endswith(".crc"):
+            names.append(relative)
+    return sorted(names)
+
+
+def read_footers(
+    location: Location, fingerprint: str = "", pad: Mapping[str, int] | None = None
+) -> Dataset:
+    """A Dataset from the footers of the Parquet files at `location` (nothing else is read)."""
+    import pyarrow.parquet as pq
+
+    filesystem, root = location.arrow()
+    files = parquet_files(location)
+    if not files:
+        raise ValueError(f"{location.uri!r} holds no Parquet files")
+    pieces: list[Piece] = []
+    schema = None
+    for index, name in enumerate(files):
+        path = f"{root.rstrip('/')}/{name}" if name else root
+        with filesystem.open_input_file(path) as f:
+            meta = pq.ParquetFile(f).metadata
+            here = meta.schema.to_arrow_schema()
+        if schema is None:
+            schema = here
+        elif not here.equals(schema):
+            raise ValueError(
+                f"{location.uri!r}: {name} has the schema {here}, unlike the first file's "
+                f"{schema}; every file of a dataset needs the same columns"
+            )
+        for group in range(meta.num_row_groups):
+            g = meta.row_group(group)
+            if g.num_rows:
+                pieces.append(Piece(index, group, g.num_rows, max(1, g.total_byte_size)))
+    assert schema is not None
+    columns = tuple(describe(f) for f in schema)
+    uri = location.location()
+    return Dataset(uri, tuple(files), tuple(pieces), columns, fingerprint, dict(pad or {}))
+
+
+def from_parquet(
+    path_or_uri: str | os.PathLike[str], pad: Mapping[str, int] | None = None
+) -> Dataset:
+    """A Dataset over Parquet already written (a file or a directory of files): a local or
+    mounted path, a `file:` URI, or any URI pyarrow opens, that every rank reaches."""
+    return read_footers(Location.parse(path_or_uri, "dataset"), pad=pad)

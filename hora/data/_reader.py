@@ -1,0 +1,133 @@
+"""A rank's reader: a background thread that decodes the windows holding the rank's positions and
+hands over its rows in order, never holding more than a byte budget of decoded data ahead."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from hora.data._order import Interval, Window, window_at, window_permutation
+
+if TYPE_CHECKING:
+    from hora.data._dataset import Dataset
+
+_END = object()
+
+
+class Reader:
+    """Rows of `intervals` (positions of the epoch's order), in order, as Arrow tables.
+
+    The thread reads one window at a time (its pieces decoded and, when shuffled, permuted:
+    about twice the window's bytes at the peak) and queues the slices the rank wants until
+    `budget` bytes wait; then it waits for the loop to take some.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        columns: Sequence[str],
+        found: Sequence[Window],
+        intervals: Sequence[Interval],
+        *,
+        shuffle: bool,
+        seed: int,
+        epoch: int,
+        budget: int,
+    ) -> None:
+        self._dataset = dataset
+        self._columns = list(columns)
+        self._windows = found
+        self._intervals = list(intervals)
+        self._shuffle, self._seed, self._epoch = shuffle, seed, epoch
+        self._budget = budget
+        self._queue: collections.deque[Any] = collections.deque()
+        self._held = 0
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="hora-data-reader", daemon=True)
+        self._thread.start()
+
+    # the loop's side
+    def tables(self) -> Iterator[pa.Table]:
+        while True:
+            with self._cond:
+                while not self._queue:
+                    self._cond.wait()
+                item, size = self._queue.popleft()
+                self._held -= size
+                self._cond.notify_all()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._queue.clear()
+            self._held = 0
+            self._cond.notify_all()
+        self._thread.join()
+
+    # the thread's side
+    def _put(self, item: Any, size: int) -> bool:
+        with self._cond:
+            while self._held and self._held + size > self._budget and not self._stop:
+                self._cond.wait()
+            if self._stop:
+                return False
+            self._queue.append((item, size))
+            self._held += size
+            self._cond.notify_all()
+            return True
+
+    def _run(self) -> None:
+        files: dict[int, Any] = {}
+        try:
+            cached: tuple[int, pa.Table] | None = None
+            for a, b in self._intervals:
+                position = a
+                while position < b:
+                    w = window_at(self._windows, position)
+                    window = self._windows[w]
+                    lo, hi = position - window.start, min(b, window.start + window.rows)
+                    hi -= window.start
+                    if cached is None or cached[0] != w:
+                        cached = None  # let the last window go before the next is read
+                        cached = (w, self._read(window, files))
+                    rows = cached[1]
+                    if self._shuffle:
+                        order = window_permutation(
+                            w, window.rows, seed=self._seed, epoch=self._epoch
+                        )
+                        part = rows.take(pa.array(order[lo:hi]))
+                    else:
+                        part = rows.slice(lo, hi - lo)
+                    if not self._put(part, part.get_total_buffer_size()):
+                        return
+                    position = window.start + hi
+            self._put(_END, 0)
+        except BaseException as e:  # raised in the loop
+            self._put(e, 0)
+        finally:
+            for f in files.values():
+                f.close()
+
+    def _read(self, window: Window, files: dict[int, Any]) -> pa.Table:
+        location = self._dataset.location
+        filesystem, root = location.arrow()
+        parts = []
+        for index in window.pieces:
+            piece = self._dataset.pieces[index]
+            if piece.file not in files:
+                name = self._dataset.files[piece.file]
+                path = f"{root.rstrip('/')}/{name}" if name else root
+                files[piece.file] = pq.ParquetFile(filesystem.open_input_file(path))
+            parts.append(files[piece.file].read_row_group(piece.group, columns=self._columns))
+        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
