@@ -18,6 +18,7 @@ import pytest
 
 import hora
 from tests.data import mosaic_stubs
+from tests.spark.conftest import end_spark_jvm, start_spark, stop_spark
 
 pytestmark = pytest.mark.spark
 
@@ -38,8 +39,6 @@ def streaming_path():
 
 @pytest.fixture(scope="module")
 def spark(streaming_path):
-    from tests.spark.conftest import end_spark_jvm, start_spark, stop_spark
-
     # pyspark keeps one JVM per process, started with the environment of its first session:
     # this module's workers need the stand-in's PYTHONPATH, so start a JVM of its own.
     end_spark_jvm()
