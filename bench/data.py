@@ -125,8 +125,10 @@ def batches(kind: str, handle, batch: int, workers: int):
         dataset = StreamingDataset(local=handle, shuffle=True, shuffle_seed=0, batch_size=batch)
         yield from StreamingDataLoader(dataset, batch_size=batch, num_workers=workers)
     else:
+        # a seed: without one each shard shuffles the row groups its own way before sharding,
+        # and rows are read twice or not at all
         with handle.make_torch_dataloader(
-            batch_size=batch, num_epochs=1, cur_shard=rank, shard_count=size
+            batch_size=batch, num_epochs=1, cur_shard=rank, shard_count=size, seed=0
         ) as loader:
             yield from loader
 
@@ -144,6 +146,7 @@ def one_epoch(kind: str, handle, batch: int, workers: int) -> dict:
             first, first_rows = time.time(), n
         rows += n
     end = time.time()
+    first = end if first is None else first  # a rank given no rows
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"start": start, "first": first, "end": end, "rows": rows, "first_rows": first_rows,
             "rss": peak}  # fmt: skip
