@@ -50,6 +50,15 @@ class Dataset:
     def location(self) -> Location:
         return Location.parse(self.uri, "dataset")
 
+    def delete(self) -> None:
+        """Remove the dataset's files (its whole directory, or its one file) from the store."""
+        location = self.location
+        filesystem, root = location.arrow()
+        if self.files == ("",):
+            filesystem.delete_file(root)
+        else:
+            location.delete_dir(root)
+
     def column(self, name: str) -> Column:
         return {c.name: c for c in self.columns}[name]
 
@@ -94,13 +103,25 @@ class Dataset:
         prefetch: int = DEFAULT_PREFETCH,
         pad: Mapping[str, int] | None = None,
         epoch: int = 0,
+        *,
+        rank: int | None = None,
+        size: int | None = None,
     ) -> Any:
         """This rank's share of one epoch as a `tf.data.Dataset` of dicts of tensors, with the
         loader's sharding and order (call again with the next `epoch` for the next one)."""
-        return tf_dataset(
-            self.loader(batch_size, shuffle, seed, drop_last, columns, transform, prefetch, pad),
-            epoch,
+        loader = self.loader(
+            batch_size,
+            shuffle,
+            seed,
+            drop_last,
+            columns,
+            transform,
+            prefetch,
+            pad,
+            rank=rank,
+            size=size,
         )
+        return tf_dataset(loader, epoch)
 
 
 def parquet_files(location: Location) -> list[str]:

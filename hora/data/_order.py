@@ -112,12 +112,17 @@ def batch_sizes(shares: Sequence[int], batch_size: int, drop_last: bool) -> list
 
     With drop_last every batch is full and the rows past the smallest share's last full batch
     are left out of the epoch. Without it every row is given out: a rank's last batches may be
-    smaller, and one with fewer rows than batches gets empty ones at the end.
+    smaller; where the smaller shares would run out of rows before the last batch (batch_size
+    1, shares of a row or two) there is one batch fewer and a rank's last one holds up to
+    batch_size + 1 rows. Only a rank with no rows at all gets an empty batch.
     """
     if drop_last:
         n = min(shares) // batch_size
         return [[batch_size] * n for _ in shares]
     n = math.ceil(max(shares) / batch_size) if shares else 0
+    if 0 < min(shares, default=0) < n:
+        n = math.ceil(min(shares) / batch_size)
+        return [[batch_size] * (n - 1) + [s - batch_size * (n - 1)] for s in shares]
     found = []
     for s in shares:
         sizes, taken = [], 0

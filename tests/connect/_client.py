@@ -206,6 +206,31 @@ def cancel_by_tag() -> Any:
 
 
 @check
+def data_from_spark() -> Any:
+    """hora.data on a Connect session: written once, found again, each row once per epoch in
+    two Spark ranks, and a map column refused on the client."""
+    from pyspark.sql import functions as F
+
+    import hora.data
+    from tests.data import _jobs as _data_jobs
+
+    found = active_session()
+    assert found is not None
+    x = F.array(F.col("id").cast("float"), F.lit(1.0).cast("float")).alias("x")
+    df = found.spark.range(300).select("id", x).repartition(3)
+    with tempfile.TemporaryDirectory() as store:
+        dataset = hora.data.from_spark(df, store=store)
+        again = hora.data.from_spark(df, store=store)
+        ranks = hora.run(_data_jobs.ids_per_epoch, (dataset, 16, True, 2), np=2, backend="spark")
+        refused = ""
+        try:
+            hora.data.from_spark(found.spark.range(2).select(F.create_map("id", "id")), store=store)
+        except ValueError as exc:
+            refused = str(exc)
+    return {"same": dataset == again, "ids": [r["ids"] for r in ranks], "refused": refused}
+
+
+@check
 def no_pyarrow() -> Any:
     hora.run(_workers.rank_times, (1,), np=2, backend="spark")
 

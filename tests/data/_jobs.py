@@ -74,3 +74,13 @@ def elastic_ids(dataset: Any, folder: str, epochs: int, batch_size: int) -> int:
 
     loop(state)
     return world
+
+
+def tf_ids(dataset: Any, epochs: int) -> list[list[int]]:
+    """Each epoch's ids of this rank's `tf_dataset` (rank and size from the environment)."""
+    seen = []
+    for epoch in range(epochs):
+        data = dataset.tf_dataset(8, columns=["id", "x"], epoch=epoch)
+        assert data.element_spec["x"].shape.as_list() == [None, 3]
+        seen.append([int(i) for batch in data for i in batch["id"].numpy()])
+    return seen

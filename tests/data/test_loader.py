@@ -30,6 +30,9 @@ def test_order_arithmetic():
     # the same number of batches on every rank; every row given out, or none past full batches
     assert _order.batch_sizes([11, 10], 5, False) == [[5, 5, 1], [5, 4, 1]]
     assert _order.batch_sizes([11, 10], 5, True) == [[5, 5], [5, 5]]
+    # no empty batch where a row can go elsewhere: one batch fewer, the last one larger
+    assert _order.batch_sizes([3, 2], 1, False) == [[1, 2], [1, 1]]
+    assert _order.batch_sizes([1, 0], 4, False) == [[1], [0]]
     assert _order.left_after([[(0, 4)], [(4, 8)]], [[2, 2], [2, 2]], 1) == [(2, 4), (6, 8)]
     windows = _order.windows(
         [3, 3, 3], [10, 10, 10], shuffle=True, seed=1, epoch=0, window_bytes=20
@@ -109,9 +112,10 @@ def test_drop_last_gives_full_batches_only(tmp_path):
 
 def test_uneven_shares_keep_ranks_in_lockstep(tmp_path):
     dataset = write_ids(tmp_path, files=1, rows=23, group=5)
-    loaders = world(dataset, 4, batch=4)
-    seen = step_world(loaders)
-    assert sorted(itertools.chain(*seen)) == list(range(23))
+    for batch in (4, 1):
+        loaders = world(dataset, 4, batch=batch)
+        seen = step_world(loaders)
+        assert sorted(itertools.chain(*seen)) == list(range(23))
 
 
 def test_transform_decodes_text_and_state_must_match(tmp_path):
@@ -166,3 +170,18 @@ def test_a_dataset_is_small_and_picklable(tmp_path):
     dataset = write_ids(tmp_path)
     assert len(pickle.dumps(dataset)) < 10_000
     assert pickle.loads(pickle.dumps(dataset)) == dataset and len(dataset) == ROWS
+    dataset.delete()
+    assert not tmp_path.exists()
+
+
+def test_a_store_that_is_not_one_place_is_refused(tmp_path):
+    """What the driver finds must be what Spark wrote; a store that cannot be written is named."""
+    from hora.data._spark import _described
+    from hora.storage import Location
+
+    dataset = write_ids(tmp_path / "ids")
+    with pytest.raises(ValueError, match=r"Spark wrote 601 rows.*finds 600.*one place"):
+        _described(Location.parse(tmp_path / "ids"), "", list(dataset.columns), {}, 601)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"store .* cannot be written"):
+        Location.parse(tmp_path / "file" / "store").check_writable()

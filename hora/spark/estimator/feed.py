@@ -7,11 +7,10 @@ content with the same settings is found again under `<store>/data/<fingerprint>/
 written twice. The validation split follows from each row's hash and the seed, so it is the
 same on every fit of the same data.
 
-Rank side (`read_shard`, `Batches`): rank r of n holds rows [r*N/n, (r+1)*N/n) of the written
-files (shards differ by at most one row). Every epoch each rank shuffles its shard (seeded by
-seed, epoch and rank) and trains on the first N//n rows of that order, so all ranks run the same
-number of steps, ceil((N//n) / batch_size), the last one possibly smaller: a rank never waits
-alone in a collective. The at most n-1 rows left over in an epoch differ from epoch to epoch.
+Rank side (`Batches`): the written files are read through `hora.data`'s loader: each epoch's
+order is seeded by the run's seed and the epoch, every row reaches one rank once per epoch,
+every rank runs the same number of steps (a rank never waits alone in a collective), and a
+rank's rows are streamed within the loader's prefetch budget instead of held whole.
 """
 
 from __future__ import annotations
@@ -19,15 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import queue
-import threading
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+import hora.data
 from hora.spark.estimator.columns import ColumnSpec, numeric_column, to_numpy
 from hora.spark.estimator.store import Store
 
@@ -236,45 +233,6 @@ def count_rows(store: Store, path: str) -> int:
     return total
 
 
-def read_shard(
-    store: Store, path: str, specs: Sequence[ColumnSpec], rank: int, size: int
-) -> list[np.ndarray]:
-    """Rank `rank`'s contiguous slice of the Parquet rows under `path`, one array per column.
-
-    Only the files (and row groups) that overlap the slice are read.
-    """
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    filesystem = store.filesystem()
-    files = []
-    for name in _parquet_files(filesystem, path):
-        f = filesystem.open_input_file(name)
-        files.append(pq.ParquetFile(f))
-    total = sum(p.metadata.num_rows for p in files)
-    start, stop = rank * total // size, (rank + 1) * total // size
-    pieces, offset = [], 0
-    for parquet in files:
-        meta = parquet.metadata
-        for group in range(meta.num_row_groups):
-            rows = meta.row_group(group).num_rows
-            lo, hi = max(start, offset), min(stop, offset + rows)
-            if lo < hi:
-                table = parquet.read_row_group(group)
-                pieces.append(table.slice(lo - offset, hi - lo))
-            offset += rows
-    names = [f"c{i}" for i in range(len(specs))]
-    if not pieces:
-        return [np.zeros((0, *s.shape), np.int64 if s.integral else np.float32) for s in specs]
-    table = pa.concat_tables(pieces)
-    return [to_numpy(table.column(n), s) for n, s in zip(names, specs, strict=True)]
-
-
-def steps_per_epoch(total_rows: int, size: int, batch_size: int) -> int:
-    """The same on every rank: the smallest shard's rows, in batches, the last one partial."""
-    return math.ceil((total_rows // size) / batch_size)
-
-
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return (
         int.from_bytes(hashlib.sha256(f"{seed}/{epoch}/{rank}".encode()).digest()[:8], "little")
@@ -283,103 +241,69 @@ def epoch_seed(seed: int, epoch: int, rank: int) -> int:
 
 
 class Batches:
-    """A rank's shard as tensors, cut into the epoch's batches by a background thread.
+    """A rank's share of the Parquet at `location`, streamed by a `hora.data` loader in batches:
+    a list of tensors (one per column, shaped as its spec says) on `device`.
 
-    The thread gathers the next batches (and moves them to the device) while the training loop
-    computes; `prefetch` batches wait at most. An error in the thread is raised in the loop.
+    `epoch(e)` is epoch e's order (seeded by the run's seed and e; the file order without
+    shuffle): every row once per epoch, the same number of batches on every rank. `all()` is
+    the share in file order (validation; rank 0 reads every row when there are fewer rows than
+    ranks). The loader's reader thread holds at most its prefetch budget of rows ahead.
     """
 
     def __init__(
         self,
-        arrays: Sequence[np.ndarray],
-        rows_per_epoch: int,
+        location: str,
+        specs: Sequence[ColumnSpec],
         batch_size: int,
         device: Any,
-        prefetch: int = 4,
+        rank: int,
+        size: int,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
     ) -> None:
-
-        self._tensors = [_as_tensor(a) for a in arrays]
-        self._held = len(arrays[0]) if arrays else 0
-        self.rows_per_epoch = min(rows_per_epoch, self._held)
-        self._batch_size = batch_size
+        dataset = hora.data.from_parquet(location)
+        self._names = [f"c{i}" for i in range(len(specs))]
+        self._shapes = {n: tuple(s.shape) for n, s in zip(self._names, specs, strict=True)}
         self._device = device
-        self._prefetch = prefetch
+        options: dict[str, Any] = {"columns": self._names, "transform": self._shaped}
+        if dataset.rows >= size:
+            self._loader = dataset.loader(
+                batch_size, shuffle=shuffle, seed=seed, rank=rank, size=size, **options
+            )
+            self._ordered = dataset.loader(
+                batch_size, shuffle=False, rank=rank, size=size, **options
+            )
+        else:  # fewer rows than ranks: rank 0 reads them all, the others none
+            self._loader = self._ordered = dataset.loader(
+                batch_size, shuffle=False, rank=0, size=1, **options
+            )
+            if rank:
+                self._loader = self._ordered = None  # type: ignore[assignment]
+
+    def _shaped(self, batch: dict[str, Any]) -> dict[str, Any]:
+        return {n: a.reshape((len(a), *self._shapes[n])) for n, a in batch.items()}
 
     def __len__(self) -> int:
-        return math.ceil(self.rows_per_epoch / self._batch_size)
+        return len(self._loader) if self._loader is not None else 0
 
-    def epoch(self, shuffle_seed: int | None) -> Iterator[list[Any]]:
-        """The batches of one epoch: a seeded permutation of the shard, or its order (None)."""
-        import torch
-
-        if shuffle_seed is None:
-            order = torch.arange(self._held)
-        else:
-            generator = torch.Generator().manual_seed(shuffle_seed)
-            order = torch.randperm(self._held, generator=generator)
-        order = order[: self.rows_per_epoch]
-        return self._in_background(order)
+    def epoch(self, epoch: int) -> Iterator[list[Any]]:
+        """The batches of one epoch."""
+        if self._loader is None:
+            return iter(())
+        self._loader.set_epoch(epoch)
+        return self._moved(self._loader)
 
     def all(self) -> Iterator[list[Any]]:
-        """Every row held, in order (for validation), in batches."""
-        import torch
+        """Every row of the share, in file order, in batches (for validation)."""
+        if self._ordered is None:
+            return iter(())
+        self._ordered.set_epoch(0)
+        return self._moved(self._ordered)
 
-        return self._in_background(torch.arange(self._held))
-
-    def _in_background(self, order: Any) -> Iterator[list[Any]]:
-        """The batches of `order`, gathered (and moved to the device) by a thread that keeps
-        `prefetch` of them ready while the loop trains on the last."""
-        out: queue.Queue[Any] = queue.Queue(maxsize=self._prefetch)
-        stop = threading.Event()
-        thread = threading.Thread(
-            target=self._produce, args=(order, out, stop), name="hora-feed", daemon=True
-        )
-        thread.start()
-        try:
-            while True:
-                item = out.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            thread.join()
-
-    def _produce(self, order: Any, out: queue.Queue[Any], stop: threading.Event) -> None:
-        try:
-            for begin in range(0, len(order), self._batch_size):
-                index = order[begin : begin + self._batch_size]
-                batch = [t.index_select(0, index) for t in self._tensors]
-                if self._device.type != "cpu":
-                    batch = [t.pin_memory().to(self._device, non_blocking=True) for t in batch]
-                if not _put(out, stop, batch):
-                    return
-            _put(out, stop, _END)
-        except BaseException as e:  # handed to the loop, raised there
-            _put(out, stop, e)
-
-
-_END = object()  # the producer's last word
-
-
-def _put(out: queue.Queue[Any], stop: threading.Event, item: Any) -> bool:
-    """Hand `item` to the loop; False once the loop has stopped listening."""
-    while not stop.is_set():
-        try:
-            out.put(item, timeout=0.1)
-            return True
-        except queue.Full:
-            continue
-    return False
-
-
-def _as_tensor(array: np.ndarray) -> Any:
-    """The shard as a tensor over Arrow's own (read-only) buffer, without a copy: batches are
-    gathered out of it with index_select, so nothing ever writes to it."""
-    import torch
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # torch's note on read-only arrays
-        return torch.from_numpy(np.ascontiguousarray(array))
+    def _moved(self, loader: Any) -> Iterator[list[Any]]:
+        for batch in loader:
+            tensors = [batch[n] for n in self._names]
+            if self._device.type != "cpu":
+                tensors = [t.pin_memory().to(self._device, non_blocking=True) for t in tensors]
+            yield tensors

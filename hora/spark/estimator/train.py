@@ -151,10 +151,10 @@ def train_on_rank(job: TrainJob) -> None:
 
     data = job.data
     n_in = len(data.features)
-    train = _shard(job, data.train_path, data.train_rows // size, device, rank, size)
+    train = _shard(job, "train", device, rank, size, shuffle=job.shuffle)
     validation = None
     if data.validation_path is not None:
-        validation = _shard(job, data.validation_path, data.validation_rows, device, rank, size)
+        validation = _shard(job, "validation", device, rank, size, shuffle=False)
     names = metric_names(job.metrics)
     events = EpochEvents(job.store, job.run_id) if rank == 0 else None
     _call(job.callbacks, "on_train_begin")
@@ -221,11 +221,14 @@ class _Job:
         self.loss_weights = job.loss_weights
 
 
-def _shard(job: TrainJob, path: str, rows: int, device: Any, rank: int, size: int) -> feed.Batches:
-    """This rank's share of the data written at `path` (`rows` of it an epoch), in batches."""
+def _shard(
+    job: TrainJob, split: str, device: Any, rank: int, size: int, shuffle: bool
+) -> feed.Batches:
+    """This rank's share of the data written for `split`, in batches."""
     specs: list[ColumnSpec] = [*job.data.features, *job.data.labels]
+    location = job.store.location("data", job.data.key, split)
     return feed.Batches(
-        feed.read_shard(job.store, path, specs, rank, size), rows, job.batch_size, device
+        location, specs, job.batch_size, device, rank, size, shuffle=shuffle, seed=job.seed
     )
 
 
@@ -245,8 +248,7 @@ def _train_epoch(
 
     model.train()
     sums = torch.zeros(2 + len(names), dtype=torch.float64)
-    seed = feed.epoch_seed(job.seed, epoch, hvd.rank()) if job.shuffle else None
-    for batch in batches.epoch(seed):
+    for batch in batches.epoch(epoch):
         inputs, labels = batch[:n_in], batch[n_in:]
         optimizer.zero_grad()
         loss, outputs = step_loss(_Job(model, job), inputs, labels)

@@ -1,0 +1,24 @@
+"""hora.data.from_spark on both kinds of Connect session (see test_doors.py): the DataFrame is
+written once and found again, and every row reaches exactly one Spark rank once per epoch."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tests.connect.conftest import require_spark_connect, run_client
+
+require_spark_connect()
+pytestmark = pytest.mark.spark
+
+
+def test_from_spark_on_connect_gives_each_row_once_per_epoch(url):
+    client = run_client(url, ["data_from_spark"])
+    found = client.value("data_from_spark")
+    assert found["same"] is True
+    assert len(found["ids"]) == 2
+    for epoch in range(2):
+        ids = list(itertools.chain(*(rank[epoch] for rank in found["ids"])))
+        assert sorted(ids) == list(range(300)), epoch
+    assert "is a map" in found["refused"], found["refused"]
