@@ -92,8 +92,7 @@ class SparkDatasetConverter:
         """Remove the Parquet files this converter reads (other converters of the same
         DataFrame read the same files: they cannot be read after this)."""
         _forget(self.cache_dir_url)
-        location = self.dataset.location
-        location.delete_dir(location.root)
+        self.dataset.delete()
 
 
 _written: set[str] = set()
@@ -108,7 +107,7 @@ def _delete_at_exit(dataset: Dataset) -> None:
     if dataset.uri not in _written:
         return
     try:
-        dataset.location.delete_dir(dataset.location.root)
+        dataset.delete()
     except Exception as e:  # best effort, as Petastorm's
         warnings.warn(f"could not delete the converter's cache {dataset.uri}: {e}", stacklevel=1)
 
