@@ -18,6 +18,8 @@ setup: $(STAMP)
 # accelerator loads in every init_distributed and its default optimizers' CPU ops (Adam/AdamW:
 # fused_adam, cpu_adam under ZeRO-Offload) are built here, into torch's extension cache, where
 # DeepSpeed itself finds them; an op missing there is built once per host in the job.
+# Mosaic Streaming (the data tests' and bench/data.py's comparison) goes in with --no-deps and
+# the `mosaic` extra's modules: its own requirements would replace torch with a CUDA build.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -27,6 +29,8 @@ $(STAMP): pyproject.toml
 	$(WITH_VENV_TOOLS) $(PY) -m hora._deepspeed_ops
 	$(PY) -m pip install -q -e '.[estimator]'
 	$(PY) -m pip install -q -e '.[clients]'
+	$(PY) -m pip install -q -e '.[mosaic]'
+	$(PY) -m pip install -q --no-deps 'mosaicml-streaming==0.13.0'
 	touch $(STAMP)
 
 demo: setup

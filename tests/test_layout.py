@@ -93,6 +93,10 @@ FUNCTION_LEVEL_IMPORTS: dict[tuple[str, str], str] = {
         "TorchEstimator and TorchModel import pyspark.ml (seconds); `from hora.spark import "
         "TorchDistributor` must not pay for them (a module __getattr__)"
     ),
+    ("hora.spark", "hora.spark._petastorm"): (
+        "Petastorm's door imports hora.data (pyarrow, torch): `from hora.spark import "
+        "TorchDistributor` must not pay for it (a module __getattr__)"
+    ),
     ("hora.spark.estimator.train", "hora.torch"): (
         "the driver and TorchModel's inference tasks import train.py too (TrainJob, the "
         "forward/loss step); only a training rank needs hora.torch and torch.distributed"

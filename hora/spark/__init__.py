@@ -3,8 +3,10 @@
 `from hora.spark import TorchDistributor` replaces `from pyspark.ml.torch.distributor import
 TorchDistributor`; `DeepspeedTorchDistributor` replaces pyspark's DeepSpeed door;
 `MirroredStrategyRunner` replaces spark-tensorflow-distributor's (TensorFlow is imported only
-inside the ranks); `TorchEstimator`/`TorchModel` replace Horovod's Spark estimator. Same arguments
-and meanings, on hora's engines. The Spark engine itself is `hora.engines.spark`.
+inside the ranks); `TorchEstimator`/`TorchModel` replace Horovod's Spark estimator;
+`make_spark_converter`/`SparkDatasetConverter` replace Petastorm's (`petastorm.spark`), on
+hora.data. Same arguments and meanings, on hora's engines. The Spark engine itself is
+`hora.engines.spark`.
 """
 
 from typing import Any
@@ -16,16 +18,23 @@ from hora.spark._mirrored import MirroredStrategyRunner as MirroredStrategyRunne
 __all__ = [
     "DeepspeedTorchDistributor",
     "MirroredStrategyRunner",
+    "SparkDatasetConverter",
     "TorchDistributor",
     "TorchEstimator",
     "TorchModel",
+    "make_spark_converter",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    """TorchEstimator and TorchModel import pyspark.ml: only when asked for."""
+    """TorchEstimator and TorchModel import pyspark.ml, Petastorm's door pyarrow and hora.data:
+    only when asked for."""
     if name in ("TorchEstimator", "TorchModel"):
         from hora.spark import estimator
 
         return getattr(estimator, name)
+    if name in ("SparkDatasetConverter", "make_spark_converter"):
+        from hora.spark import _petastorm
+
+        return getattr(_petastorm, name)
     raise AttributeError(f"module 'hora.spark' has no attribute {name!r}")

@@ -1,0 +1,254 @@
+"""hora.data against Mosaic Streaming (and Petastorm where it imports): one DataFrame, one launcher.
+
+One DataFrame (`--rows` rows: an id, `--features` float features as one array column, a label),
+written once as Parquet by Spark before any clock starts and read back as `df`. For each
+contender the clock starts on the driver at `df`:
+
+- hora: `hora.data.from_spark(df)`, then in each rank `dataset.loader(batch_size)`;
+- Mosaic Streaming: `dataframe_to_mds(df, mds_kwargs={"out": ..., "columns": ...})`, then in
+  each rank `StreamingDataset(local=out, shuffle=True)` + `StreamingDataLoader`;
+- Petastorm (only where `petastorm.spark` imports: pyarrow < 15, see bench/README.md):
+  `make_spark_converter(df)`, then `make_torch_dataloader(cur_shard=rank, shard_count=size,
+  num_epochs=1)`.
+
+Each is launched by the same `hora.run(np=2, backend="local")`; each rank reads one shuffled epoch
+into a loop that does nothing and reports when its first batch came, when its epoch ended, its
+rows and its peak RSS. Printed per contender: conversion, df -> first batch in every rank, end to
+end (conversion + one epoch), steady rows/s per rank (after the first batch), peak RSS per rank;
+then the ratios against hora. Caches are new each run (no fingerprint reuse).
+
+    .venv/bin/python bench/data.py                  # 100,000 rows x 256 features (~100 MB)
+    .venv/bin/python bench/data.py --full           # 4,000,000 rows x 300 features (~4.8 GB)
+    <petastorm venv>/bin/python bench/data.py --contenders hora,petastorm   # see bench/README.md
+
+Everything binds to 127.0.0.1; `streaming` gets the torchvision stand-in of tests/data/_stubs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+STUBS = REPO / "tests" / "data" / "_stubs"
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# Mosaic Streaming imports torchvision, whose PyPI wheels do not load against the CPU torch:
+# the stand-in goes first for this process, Spark's Python workers and the ranks.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(STUBS), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
+sys.path[:0] = [str(STUBS), str(REPO)]
+
+NP = 2
+
+
+def spark_session(memory: str):
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.Builder()
+        .master(f"local[{NP}]")
+        .appName("hora-bench-data")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.log.level", "ERROR")
+        .config("spark.driver.memory", memory)
+        .getOrCreate()
+    )
+
+
+def source_frame(spark, rows: int, features: int, folder: str):
+    """The DataFrame every contender converts: written once as Parquet, read back."""
+    from pyspark.sql import functions as F
+
+    values = F.array(*[F.rand(seed=i).cast("float") for i in range(features)])
+    df = spark.range(rows).select(
+        "id",
+        # nullable elements: Mosaic's converter maps only ArrayType(FloatType(), True)
+        values.cast("array<float>").alias("features"),
+        (F.col("id") % 10).alias("label"),
+    )
+    df.repartition(2 * NP).write.mode("overwrite").parquet(folder)
+    return spark.read.parquet(folder)
+
+
+# ----- the conversions, on the driver -----------------------------------------------------------
+
+
+def convert_hora(df, folder: str, features: int):
+    import hora.data
+
+    return hora.data.from_spark(df, cache=False, store=folder)
+
+
+def convert_mosaic(df, folder: str, features: int):
+    from streaming.base.converters import dataframe_to_mds
+
+    out = os.path.join(folder, "mds")
+    columns = {"id": "int64", "features": f"ndarray:float32:{features}", "label": "int64"}
+    dataframe_to_mds(df, merge_index=True, mds_kwargs={"out": out, "columns": columns})
+    return out
+
+
+def convert_petastorm(df, folder: str, features: int):
+    from petastorm.spark import SparkDatasetConverter, make_spark_converter
+
+    df.sparkSession.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, f"file://{folder}")
+    return make_spark_converter(df)
+
+
+CONVERT = {"hora": convert_hora, "mosaic": convert_mosaic, "petastorm": convert_petastorm}
+
+
+# ----- in each rank --------------------------------------------------------------------------
+
+
+def batches(kind: str, handle, batch: int, workers: int):
+    """This rank's batches of one shuffled epoch, from each contender's own reader."""
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if kind == "hora":
+        yield from handle.loader(batch_size=batch, shuffle=True, seed=0)
+    elif kind == "mosaic":
+        from streaming import StreamingDataLoader, StreamingDataset
+
+        dataset = StreamingDataset(local=handle, shuffle=True, shuffle_seed=0, batch_size=batch)
+        yield from StreamingDataLoader(dataset, batch_size=batch, num_workers=workers)
+    else:
+        # a seed: without one each shard shuffles the row groups its own way before sharding,
+        # and rows are read twice or not at all
+        with handle.make_torch_dataloader(
+            batch_size=batch, num_epochs=1, cur_shard=rank, shard_count=size, seed=0
+        ) as loader:
+            yield from loader
+
+
+def one_epoch(kind: str, handle, batch: int, workers: int) -> dict:
+    """Read one epoch into a loop that does nothing; when, how many rows, how much memory."""
+    import resource
+
+    start = time.time()
+    first = None
+    rows = first_rows = 0
+    for b in batches(kind, handle, batch, workers):
+        n = len(b["label"])
+        if first is None:
+            first, first_rows = time.time(), n
+        rows += n
+    end = time.time()
+    first = end if first is None else first  # a rank given no rows
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"start": start, "first": first, "end": end, "rows": rows, "first_rows": first_rows,
+            "rss": peak}  # fmt: skip
+
+
+# ----- the driver ------------------------------------------------------------------------------
+
+
+def one_run(kind: str, df, rows: int, features: int, batch: int, workers: int, root: str) -> dict:
+    import hora
+
+    folder = tempfile.mkdtemp(prefix=f"{kind}-", dir=root)
+    if kind == "mosaic":
+        from streaming.base.util import clean_stale_shared_memory
+
+        clean_stale_shared_memory()
+    t0 = time.time()
+    handle = CONVERT[kind](df, folder, features)
+    converted = time.time() - t0
+    ranks = hora.run(one_epoch, (kind, handle, batch, workers), np=NP, backend="local")
+    total = sum(r["rows"] for r in ranks)
+    if total != rows:
+        print(f"  note: {kind} gave {total} rows for {rows} (padding or drops)")
+    shutil.rmtree(folder, ignore_errors=True)
+    return {
+        "convert": converted,
+        "first": max(r["first"] for r in ranks) - t0,
+        "end_to_end": max(r["end"] for r in ranks) - t0,
+        "steady": statistics.mean(
+            (r["rows"] - r["first_rows"]) / max(r["end"] - r["first"], 1e-9) for r in ranks
+        ),
+        "rss": max(r["rss"] for r in ranks),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--features", type=int, default=256)
+    parser.add_argument("--full", action="store_true", help="4,000,000 rows x 300 features")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--mosaic-workers", type=int, default=0, help="StreamingDataLoader's")
+    parser.add_argument("--contenders", default="hora,mosaic")
+    parser.add_argument("--memory", default="3g", help="the Spark driver's memory")
+    args = parser.parse_args()
+    if args.full:
+        args.rows, args.features = 4_000_000, 300
+    kinds = args.contenders.split(",")
+    root = tempfile.mkdtemp(prefix="hora-bench-data-")
+    try:
+        spark = spark_session(args.memory)
+        t = time.time()
+        df = source_frame(spark, args.rows, args.features, os.path.join(root, "source"))
+        written = time.time() - t
+        print(
+            f"{args.rows:,} rows x {args.features} features, batch {args.batch}, {NP} ranks; "
+            f"source written in {written:.1f} s; load {os.getloadavg()[0]:.1f}"
+        )
+        found: dict[str, list[dict]] = {k: [] for k in kinds}
+        for round_ in range(args.rounds):
+            for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
+                result = one_run(
+                    kind, df, args.rows, args.features, args.batch, args.mosaic_workers, root
+                )
+                found[kind].append(result)
+                print(f"  round {round_} {kind:9s} " + describe(result), flush=True)
+        report(found, kinds)
+        spark.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def describe(r: dict) -> str:
+    return (
+        f"convert {r['convert']:.1f} s, first batch in every rank {r['first']:.1f} s, "
+        f"end to end {r['end_to_end']:.1f} s, steady {r['steady']:,.0f} rows/s per rank, "
+        f"peak RSS {r['rss'] / 2**20:,.0f} MiB per rank"
+    )
+
+
+def report(found: dict[str, list[dict]], kinds: list[str]) -> None:
+    median = {
+        k: {m: statistics.median(r[m] for r in runs) for m in runs[0]} for k, runs in found.items()
+    }
+    print("medians:")
+    for kind in kinds:
+        print(f"  {kind:9s} " + describe(median[kind]))
+    if "hora" not in median:
+        return
+    hora = median["hora"]
+    for kind in kinds:
+        if kind == "hora":
+            continue
+        other = median[kind]
+        print(
+            f"hora vs {kind}: end to end {other['end_to_end'] / hora['end_to_end']:.2f}x "
+            f"(goal >= 2x), first batch {other['first'] / hora['first']:.2f}x, "
+            f"steady rows/s {hora['steady'] / other['steady']:.2f}x (goal >= 1x), "
+            f"peak RSS hora / {kind} {hora['rss'] / other['rss']:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
