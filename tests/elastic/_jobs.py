@@ -31,6 +31,7 @@ from torch import nn
 HOST_MARK = "kill-host"  # a rank wrote its host here: the test makes that host vanish
 SMALL_MARK = "small"  # an attempt below the full size made its first commit
 BACK_MARK = "back"  # the test brought the lost capacity back
+KILLED_MARK = "killed"  # when the faulty rank killed itself (time.time())
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ def train(plan: Plan) -> dict[str, Any]:
                         "epoch": state.epoch,
                         "commit": state.commit_index,
                         "idx": idx,
+                        "t": time.time(),
                     }
                 )
                 n += 1
@@ -182,6 +184,7 @@ def _maybe_fault(plan: Plan, attempt: int, call: int, rank: int, world: int, com
     if commits != plan.fault_commit:
         return
     if plan.fault == "self":
+        Path(plan.folder, KILLED_MARK).write_text(repr(time.time()))
         os.kill(os.getpid(), signal.SIGKILL)
     Path(plan.folder, HOST_MARK).write_text(socket.gethostname())
     time.sleep(3600)  # as a lost host: this rank trains no further
