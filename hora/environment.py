@@ -179,36 +179,17 @@ def worker_env(
     Thread counts, the OpenMP wait policy and the gloo interface are defaults: a value already in
     `base` is kept.
     """
-    p = placement
     env = dict(os.environ if base is None else base)
+    env |= placement_env(placement)
     env |= {
-        "RANK": str(p.rank),
-        "WORLD_SIZE": str(p.size),
-        "LOCAL_RANK": str(p.local_rank),
-        "LOCAL_WORLD_SIZE": str(p.local_size),
-        "GROUP_RANK": str(p.cross_rank),
-        "GROUP_WORLD_SIZE": str(p.cross_size),
-        "ROLE_RANK": str(p.rank),
-        "ROLE_WORLD_SIZE": str(p.size),
         "ROLE_NAME": "default",  # torchrun's --role
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        "HOROVOD_RANK": str(p.rank),
-        "HOROVOD_SIZE": str(p.size),
-        "HOROVOD_LOCAL_RANK": str(p.local_rank),
-        "HOROVOD_LOCAL_SIZE": str(p.local_size),
-        "HOROVOD_CROSS_RANK": str(p.cross_rank),
-        "HOROVOD_CROSS_SIZE": str(p.cross_size),
-        # The `deepspeed` launcher's names; DeepSpeed's CPU accelerator counts its devices by
-        # LOCAL_SIZE (else by NUMA nodes), and its checkpoint placement reads CROSS_*.
-        "LOCAL_SIZE": str(p.local_size),
-        "CROSS_RANK": str(p.cross_rank),
-        "CROSS_SIZE": str(p.cross_size),
         "PYTHONUNBUFFERED": "1",
     }
     if agent_store:
         env.update(AGENT_STORE_VARS)
-    threads = str(threads_per_rank(p.local_size, cores))
+    threads = str(threads_per_rank(placement.local_size, cores))
     for name in THREAD_VARS:
         env.setdefault(name, threads)
     # OpenMP workers that spin after each op hold the cores that communication threads need: on a
@@ -221,6 +202,33 @@ def worker_env(
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.update(user_env or {})
     return env
+
+
+def placement_env(placement: RankPlacement) -> dict[str, str]:
+    """A rank's coordinates under every launcher's names (hora's, torchrun's, Horovod's,
+    DeepSpeed's); a world re-formed in place writes them again."""
+    p = placement
+    return {
+        "RANK": str(p.rank),
+        "WORLD_SIZE": str(p.size),
+        "LOCAL_RANK": str(p.local_rank),
+        "LOCAL_WORLD_SIZE": str(p.local_size),
+        "GROUP_RANK": str(p.cross_rank),
+        "GROUP_WORLD_SIZE": str(p.cross_size),
+        "ROLE_RANK": str(p.rank),
+        "ROLE_WORLD_SIZE": str(p.size),
+        "HOROVOD_RANK": str(p.rank),
+        "HOROVOD_SIZE": str(p.size),
+        "HOROVOD_LOCAL_RANK": str(p.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(p.local_size),
+        "HOROVOD_CROSS_RANK": str(p.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(p.cross_size),
+        # The `deepspeed` launcher's names; DeepSpeed's CPU accelerator counts its devices by
+        # LOCAL_SIZE (else by NUMA nodes), and its checkpoint placement reads CROSS_*.
+        "LOCAL_SIZE": str(p.local_size),
+        "CROSS_RANK": str(p.cross_rank),
+        "CROSS_SIZE": str(p.cross_size),
+    }
 
 
 def restart_env(restart_count: int, max_restarts: int) -> dict[str, str]:

@@ -144,6 +144,21 @@ def init(
     timeline.on_init(rank, size, world.gloo)  # HOROVOD_TIMELINE: start recording
 
 
+def owns_default_group() -> bool:
+    """Whether hora made torch.distributed's default group (so it may make it again)."""
+    return _created_default_group and dist.is_initialized()
+
+
+def replace_default_group(make: Any) -> None:
+    """Destroy hora's default group and make the next with `make()` (a world re-formed)."""
+    global _created_default_group
+    if owns_default_group():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    make()
+    _created_default_group = True
+
+
 def make_world(rank: int, size: int, wait: timedelta) -> GroupInfo:
     """hora's own groups over the world: never the user's default group (its order is theirs)."""
     if size == 1:

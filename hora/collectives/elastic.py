@@ -21,6 +21,7 @@ import functools
 import inspect
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn, TypeVar
 
@@ -28,12 +29,13 @@ import torch
 
 from hora import environment
 from hora.checkpoint import Commit, CommitStore, remove_stale_commits
-from hora.collectives._basics import init, local_rank, rank, shutdown, size
+from hora.collectives import _reform
+from hora.collectives._basics import init, local_rank, owns_default_group, rank, shutdown, size
 from hora.collectives._common import HorovodInternalError
 from hora.collectives.objects import allgather_object, broadcast_object
 from hora.collectives.ops import broadcast_
 from hora.wire import link
-from hora.wire.protocol import Resumed
+from hora.wire.protocol import InPlace, Reform, Reformed, Resumed
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "run"]
 
@@ -43,6 +45,12 @@ R = TypeVar("R")
 #: how many in-place resets `run` allows before it re-raises (Horovod's --reset-limit)
 RESET_LIMIT_ENV = "HORA_ELASTIC_RESET_LIMIT"
 DEFAULT_RESET_LIMIT = 10
+#: how long a rank whose collective failed waits for the driver's word to re-form in place
+#: before it resets as before (no rank was lost, or the engine cannot re-form)
+REFORM_WAIT_ENV = "HORA_ELASTIC_REFORM_WAIT_SECONDS"
+DEFAULT_REFORM_WAIT = 10.0
+#: "0": never re-form in place; a lost rank restarts every rank, as before in-place recovery
+IN_PLACE_ENV = "HORA_ELASTIC_IN_PLACE"
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -171,6 +179,11 @@ class State:
     def reset(self) -> None:
         """Hook for subclasses, called after re-initialisation."""
 
+    def reforms_in_place(self) -> bool:
+        """Whether a lost rank's survivors may re-form the world in place and go on from this
+        state's in-memory commit (False: they restart, as for a sharded model)."""
+        return True
+
 
 def _takes_an_argument(callback: Callable[..., None]) -> bool:
     try:
@@ -213,7 +226,9 @@ class ObjectState(State):
             setattr(self, attr, copy.deepcopy(value))
 
 
-def run(func: Callable[..., R], reset: Callable[[], None] | None = None) -> Callable[..., R]:
+def run(
+    func: Callable[..., R], reset: Callable[[], None] | None = None, in_place: bool = False
+) -> Callable[..., R]:
     """Decorate `func(state, *args, **kwargs)` to survive failures and resizes from `state`'s
     commits (Horovod's `run_fn`).
 
@@ -223,6 +238,11 @@ def run(func: Callable[..., R], reset: Callable[[], None] | None = None) -> Call
     reset (`shutdown()` + `init()`), the reset callbacks run and `func` is called again, up to
     `HORA_ELASTIC_RESET_LIMIT` (default 10) times. On `HostsUpdatedInterrupt` the rank ends
     cleanly at its commit and the driver starts the run at the new size.
+
+    With `in_place` (hora.torch's), under an elastic hora run whose engine re-forms worlds, a
+    lost rank stops no survivor: after `HorovodInternalError` a survivor waits for the driver's
+    `Reform`, becomes a rank of the smaller world in the same process (`_reform.reform`), and
+    goes on from the last in-memory commit, synced from the new rank 0.
     """
     reset = reset or _reinit
 
@@ -231,7 +251,9 @@ def run(func: Callable[..., R], reset: Callable[[], None] | None = None) -> Call
         limit = int(os.environ.get(RESET_LIMIT_ENV, DEFAULT_RESET_LIMIT))
         resets = 0
         _resume(state)
+        reformable = in_place and state.reforms_in_place() and _announce_in_place()
         while True:
+            order: Reform | None = None
             try:
                 result = func(state, *args, **kwargs)
             except HorovodInternalError:
@@ -239,6 +261,7 @@ def run(func: Callable[..., R], reset: Callable[[], None] | None = None) -> Call
                     raise
                 log.warning("collective failed; restoring the last commit and re-initialising")
                 state.restore()
+                order = _await_reform() if reformable else None
             except HostsUpdatedInterrupt:
                 if link.current() is None:
                     raise  # not a hora rank: nobody would start the larger run
@@ -247,11 +270,48 @@ def run(func: Callable[..., R], reset: Callable[[], None] | None = None) -> Call
                 state._commits.finish()
                 return result
             resets += 1
-            reset()
+            if order is not None:
+                _reform.reform(order)
+            else:
+                reset()
             state.on_reset()
             state.sync()
+            if order is not None and rank() == 0:
+                link.send_to_driver(Reformed(0, order.generation, size(), state.commit_index))
 
     return wrapper
+
+
+_generation = 0  # the last re-formed world this process joined
+
+
+def _announce_in_place() -> bool:
+    """Tell the driver that this rank can re-form in place (a hora rank of an elastic run,
+    on a default group hora made); False where it cannot."""
+    driver = link.current()
+    if driver is None or not environment.current().elastic or not owns_default_group():
+        return False
+    if os.environ.get(IN_PLACE_ENV, "1") == "0":
+        return False
+    link.send_to_driver(InPlace(driver.rank))
+    return True
+
+
+def _await_reform() -> Reform | None:
+    """The driver's order to re-form, if a rank was lost; None after the wait (reset as before)."""
+    global _generation
+    wait = float(os.environ.get(REFORM_WAIT_ENV) or DEFAULT_REFORM_WAIT)
+    began = time.monotonic()
+    order = link.wait_reform(_generation, wait)
+    if order is not None:
+        _generation = order.generation
+        log.warning(
+            "re-forming in place as rank %d of %d (after %.1f s)",
+            order.rank,
+            order.size,
+            time.monotonic() - began,
+        )
+    return order
 
 
 def _reinit() -> None:

@@ -81,6 +81,9 @@ class Launcher(ABC):
     channel_host: str = "127.0.0.1"
     #: whether log lines should name the host as well as the rank
     multi_host: bool = False
+    #: whether a lost rank may leave the others running, to re-form in place (an elastic run's
+    #: `hvd.elastic.run`): the launcher then keeps the survivors' processes and rendezvous store
+    reforms_in_place: bool = False
 
     @abstractmethod
     def start(self, ctx: LaunchContext) -> None:

@@ -20,7 +20,7 @@ from hora.job._echo import echo
 from hora.job.elastic import GrowthWatch
 from hora.job.metrics import MetricsLog
 from hora.timeline import DriverTimeline
-from hora.wire.protocol import HostsUpdated, Metrics, Resumed, TimelineBatch
+from hora.wire.protocol import HostsUpdated, Metrics, Reformed, Resumed, TimelineBatch
 
 
 class AttemptState(enum.Enum):
@@ -119,6 +119,8 @@ class RecordTimeline(MonitorCallback):
                 self.timeline.receive(rank, path, batch)
             case Resumed(commit=commit, size=size):
                 self.timeline.mark("resumed", {"commit": commit, "made_by": size})
+            case Reformed(size=size, commit=commit):
+                self.timeline.mark("resized in place", {"to": size, "commit": commit})
 
 
 class CollectMetrics(MonitorCallback):
@@ -136,6 +138,8 @@ class CollectMetrics(MonitorCallback):
             self.metrics.start_attempt(self.attempt, monitor.np)
 
     def on_tick(self, monitor: Monitor, now: float) -> None:
+        if monitor.np != self.metrics.np:  # the attempt shrank in place: steps of fewer ranks
+            self.metrics.start_attempt(self.attempt, monitor.np)
         self.metrics.flush()
 
     def on_report(self, message: Any) -> None:

@@ -109,6 +109,7 @@ class Job:
             self.sizer = Sizer(config.min_np or 1, config.most_ranks, lambda h: capacity(spec, h))
         self._hosts: dict[int, str] = {}  # the last attempt's rank -> host
         self._first: StartableGroup | None = None  # built before anything else of the run
+        self._np_now = config.np  # the last attempt's ranks when it ended
 
     def run(self) -> list[Any]:
         config = self.config
@@ -131,6 +132,7 @@ class Job:
                 try:
                     results = self._attempt_explained(attempt, timeline, deadline)
                 except WorkerFailedError as error:
+                    attempt = dataclasses.replace(attempt, np=self._np_now)
                     self.failed.append(error)
                     if self.policy.decide(error, attempt.index + 1) == "fail":
                         final = self._final_error()
@@ -139,13 +141,14 @@ class Job:
                     attempt = self._after_failure(attempt, error, timeline, deadline)
                     continue
                 except AttemptResized as resized:
+                    attempt = dataclasses.replace(attempt, np=self._np_now)
                     attempt = self._grow(attempt, resized.commit, timeline, deadline)
                     continue
                 except RunTimeoutError as error:
                     if self.failed:
                         raise _after_failures(error, self.failed) from None
                     raise
-                return [_loads(results.get(r)) for r in range(attempt.np)]
+                return [_loads(results.get(r)) for r in range(self._np_now)]
         finally:
             if timeline is not None:
                 timeline.close()
@@ -245,7 +248,10 @@ class Job:
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()
-        monitor = Monitor(group, attempt.np, payload, config.collect_all, watchers)
+        in_place = (config.min_np or 1) if config.elastic and _reforms(group) else None
+        monitor = Monitor(
+            group, attempt.np, payload, config.collect_all, watchers, in_place_min_np=in_place
+        )
         try:
             group.start()
             return monitor.watch(Limits(config.start_timeout, config.timeout, deadline))
@@ -254,6 +260,7 @@ class Job:
             group.stop()
             monitor.drain()
             self._hosts = dict(monitor.started) if group.multi_host else {}
+            self._np_now = monitor.np  # fewer after a shrink in place
 
     def _spec(self, attempt: Attempt, deadline: float | None) -> AttemptSpec:
         """What the launcher of `attempt` gets: its ranks, its wait for slots (never past the
@@ -296,6 +303,11 @@ class Job:
         return WorkerFailedError(
             "\n".join(lines), first.rank, first.failed_ranks, attempts=tuple(self.failed)
         )
+
+
+def _reforms(group: StartableGroup) -> bool:
+    """Whether the group's engine lets a lost rank's survivors re-form in place."""
+    return bool(getattr(group, "reforms_in_place", False))
 
 
 def _wait(start_timeout: float, deadline: float | None) -> float:

@@ -30,6 +30,11 @@ class WorkerGroup:
         """Whether log lines should name the host as well as the rank."""
         return self.launcher.multi_host
 
+    @property
+    def reforms_in_place(self) -> bool:
+        """Whether the survivors of a lost rank may re-form in place (the launcher's say)."""
+        return self.launcher.reforms_in_place
+
     def start(self) -> None:
         secret = channel.new_secret()
         self._server = channel.Server(secret, self.events, ALLOWED, host=self.launcher.channel_host)

@@ -1,12 +1,11 @@
 """Watching one attempt: hand out the job, relay logs, collect results, tell a failure's story.
 
-Everything the group reports arrives on one queue and is handled on the caller's thread, so logs
-print in order, in the caller's cell, and nothing prints after the attempt is over. The monitor
-decides nothing about restarts: it returns the results, or raises the attempt's
-`WorkerFailedError` / `RunTimeoutError` for the failure policy to judge. It goes through explicit
-states (`AttemptState`); what the driver does beside (the console, output files, the timeline,
-live metrics, the growth watch) are callbacks (`hora.job.callbacks`) told of each change, each
-rank's output and reports, and each turn of the loop.
+Everything the group reports arrives on one queue, handled on the caller's thread, so logs print
+in order and nothing prints after the attempt is over. The monitor decides nothing about
+restarts: it returns the results, or raises the attempt's `WorkerFailedError` /
+`RunTimeoutError` for the failure policy to judge. It goes through explicit states
+(`AttemptState`); the console, output files, timeline, metrics and growth watch are callbacks
+(`hora.job.callbacks`) told of each change, output line, report and turn of the loop.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from hora.engines.process import describe_exit
 from hora.errors import RankTraceback, RunTimeoutError, WorkerFailedError
 from hora.job.callbacks import AttemptState, MonitorCallback
 from hora.job.elastic import AttemptResized
+from hora.job.in_place import Renumbering
 from hora.job.stacks import StackRequest, take_request
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
@@ -97,6 +97,7 @@ class Monitor:
         payload: bytes,
         collect_all: bool,
         callbacks: Sequence[MonitorCallback] = (),
+        in_place_min_np: int | None = None,
     ):
         self.group = group
         self.np = np
@@ -117,6 +118,9 @@ class Monitor:
         self.last_heard: dict[int, float] = {}  # rank -> time.monotonic() of its last message
         self.silence_s = silence_seconds()
         self.resized: dict[int, int] = {}  # rank -> the commit it stopped at, to grow
+        #: an elastic attempt whose engine can re-form it: the fewest ranks it may shrink to in
+        #: place (None: a lost rank ends the attempt, as on any engine)
+        self.renumbering = Renumbering(np, in_place_min_np)
         self.state = AttemptState.STARTING
         for callback in self.callbacks:
             callback.on_state(self, None, self.state)
@@ -175,7 +179,11 @@ class Monitor:
         at the same commit to grow raises AttemptResized."""
         if self.failures:
             first = min(f.time for f in self.failures.values())
-            if time.time() - first >= SETTLE_SECONDS and self._stacks_in(now):
+            settled = time.time() - first >= SETTLE_SECONDS
+            if settled and self._may_reform():
+                self.renumbering.reform(self, first)
+                return False
+            if settled and self._stacks_in(now):
                 self._enter(AttemptState.FAILED)
                 raise self.failure_error()
             return False
@@ -186,6 +194,11 @@ class Monitor:
             return False
         self._all_done_at = self._all_done_at or now
         return len(self.exits) == self.np or now - self._all_done_at > EXIT_GRACE_SECONDS
+
+    def _may_reform(self) -> bool:
+        """The attempt may shrink in place instead of failing (`hora.job.in_place`)."""
+        live = not self.stopping and self.dump is None
+        return live and self.renumbering.possible(self, self._finished)
 
     def _check_limits(self, limits: Limits, start_deadline: float, now: float) -> None:
         """Raise RunTimeoutError when the ranks did not all start in time, or the run's timeout
@@ -211,17 +224,24 @@ class Monitor:
     def handle(self, conn: Connection | None, message: Any) -> None:
         peer = getattr(conn, "peer", None)
         if peer is not None:
+            peer = self.renumbering.now.get(peer)
+            if peer is None:
+                return  # a rank lost before its world was re-formed in place
             self.last_heard[peer] = time.monotonic()
-        if message is None or isinstance(message, _LIFECYCLE):
-            self._lifecycle(conn, message)
+        translated = self.renumbering.translate(message)
+        if translated is None and message is not None:
+            return  # from a rank lost to a re-formed world
+        if translated is None or isinstance(translated, _LIFECYCLE):
+            self._lifecycle(conn, translated)  # None: a channel closed
         else:
-            self._report(message)
+            self._report(translated)
 
     def _lifecycle(self, conn: Connection | None, message: Any) -> None:
         """How a rank's process starts and ends."""
         match message:
             case None:  # a channel closed; the launcher reports the process's exit
-                self._closed(conn)
+                peer = getattr(conn, "peer", None)
+                self._closed(self.renumbering.now.get(peer) if peer is not None else None)
             case Hello(rank=rank, host=host):
                 assert conn is not None  # a hello only ever arrives on a worker's channel
                 self._hello(conn, rank, host)
@@ -238,6 +258,8 @@ class Monitor:
     def _report(self, message: Any) -> None:
         """What a running rank says: its output, stalls, resizes and stacks here; the rest (its
         timeline, metrics, a resume) to the callbacks."""
+        if self.renumbering.report(message):
+            return
         match message:
             case Output(rank=rank, stream=stream, text=text):
                 self._output(rank, stream, text)
@@ -260,8 +282,7 @@ class Monitor:
         for callback in self.callbacks:
             callback.on_report(message)
 
-    def _closed(self, conn: Connection | None) -> None:
-        rank = getattr(conn, "peer", None)
+    def _closed(self, rank: int | None) -> None:
         if rank is not None:
             self.closed.add(rank)
             if self.exits.get(rank) == 0:  # its exit came before its channel drained

@@ -36,6 +36,7 @@ from hora.wire.protocol import (
     Hello,
     HostsUpdated,
     Payload,
+    Reform,
     Resized,
     Result,
     Stacks,
@@ -68,6 +69,8 @@ def _watch_driver(conn: channel.Connection, rank: int, done: threading.Event) ->
                 conn.send(Stacks(rank, stacks.dump(skip=threading.current_thread())))
             elif isinstance(message, HostsUpdated):
                 link.note_hosts_updated()
+            elif isinstance(message, Reform):
+                link.note_reform(message)
     if not done.is_set():
         os.killpg(os.getpgid(0), signal.SIGKILL)
 

@@ -16,7 +16,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hora.wire.channel import Connection
-from hora.wire.protocol import Metrics, Output, Resumed, Stall, TimelineBatch
+from hora.wire.protocol import (
+    InPlace,
+    Metrics,
+    Output,
+    Reform,
+    Reformed,
+    Resumed,
+    Stall,
+    TimelineBatch,
+)
 
 
 class DriverLink:
@@ -35,8 +44,13 @@ class DriverLink:
         self.steps_reported = 0  # `report`'s own step count, for calls that give none
         #: set when the driver says that an elastic run has more slots (HostsUpdated)
         self.hosts_updated = threading.Event()
+        #: the driver's latest word to re-form the world in place (`Reform`), and when it came
+        self._reform: Reform | None = None
+        self._reform_came = threading.Condition()
 
-    def send(self, message: Output | Stall | TimelineBatch | Metrics | Resumed) -> None:
+    def send(
+        self, message: Output | Stall | TimelineBatch | Metrics | Resumed | InPlace | Reformed
+    ) -> None:
         """Send one message; may raise OSError when the driver is gone."""
         self.conn.send(message)
 
@@ -57,6 +71,29 @@ def note_hosts_updated() -> None:
     """The driver said more slots are free (the bootstrap's channel thread calls this)."""
     if _current is not None:
         _current.hosts_updated.set()
+
+
+def note_reform(message: Reform) -> None:
+    """The driver said to re-form the world in place (the bootstrap's channel thread)."""
+    link = _current
+    if link is not None:
+        with link._reform_came:
+            link._reform = message
+            link._reform_came.notify_all()
+
+
+def wait_reform(after: int, timeout: float) -> Reform | None:
+    """The driver's `Reform` of a generation past `after`, waiting up to `timeout` seconds for
+    it; None outside a hora worker or when none came (no rank was lost: restart as before)."""
+    link = _current
+    if link is None:
+        return None
+    with link._reform_came:
+        link._reform_came.wait_for(
+            lambda: link._reform is not None and link._reform.generation > after, timeout
+        )
+        reform = link._reform
+    return reform if reform is not None and reform.generation > after else None
 
 
 def hosts_updated() -> bool:
@@ -140,7 +177,7 @@ def _checked(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def send_to_driver(message: Stall | Resumed) -> bool:
+def send_to_driver(message: Stall | Resumed | InPlace | Reformed) -> bool:
     """Send one of hora's own messages (not the user's output) to the driver; False outside a
     hora worker. May raise OSError when the driver is gone."""
     link = _current

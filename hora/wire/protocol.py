@@ -10,8 +10,8 @@ Who sends what:
 
 - launcher -> worker process (one JSON line on its stdin): Boot
 - worker -> driver (the job's channel): Hello, Heartbeat, Output, Result, Error, TimelineBatch,
-  Stall, Stacks, Metrics, Resized, Resumed
-- driver -> worker: Payload, DumpStacks, HostsUpdated
+  Stall, Stacks, Metrics, Resized, Resumed, InPlace, Reformed
+- driver -> worker: Payload, DumpStacks, HostsUpdated, Reform
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
 - rank supervisor (a Spark task, a Ray actor) <-> its launcher: TaskReady, Output, Exited /
   Go, Refuse, Stop
@@ -155,6 +155,23 @@ class Resumed(NamedTuple):
     size: int
 
 
+class InPlace(NamedTuple):
+    """The rank runs in `hvd.elastic.run` and can re-form its world in place: when another rank
+    is lost, the driver may renumber it (`Reform`) instead of stopping it."""
+
+    rank: int
+
+
+class Reformed(NamedTuple):
+    """Rank 0 of a world re-formed in place (generation `generation`, `size` ranks) restored
+    and synced the state of commit `commit`: training goes on."""
+
+    rank: int
+    generation: int
+    size: int
+    commit: int
+
+
 # -- driver -> worker ---------------------------------------------------------------------------
 
 
@@ -172,6 +189,20 @@ class DumpStacks(NamedTuple):
 class HostsUpdated(NamedTuple):
     """More slots are free for this elastic run: stop at the next commit (Horovod's
     HostsUpdatedInterrupt), so that the run grows."""
+
+
+class Reform(NamedTuple):
+    """Ranks were lost: re-form the world from the survivors in place, this process as `rank`
+    of `size` (its host's `local_rank` of `local_size`, host `cross_rank` of `cross_size`);
+    `generation` counts the run's re-formed worlds (a fresh rendezvous prefix for each)."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    generation: int
 
 
 # -- launcher -> driver -------------------------------------------------------------------------
@@ -266,6 +297,8 @@ DriverMessage = (
     | Metrics
     | Resized
     | Resumed
+    | InPlace
+    | Reformed
     | Exited
     | EngineFailed
 )
@@ -273,8 +306,8 @@ DriverMessage = (
 #: the only classes a job channel's frame may name (hora.wire.channel's allow-list)
 ALLOWED = allowed_classes(
     *(Hello, Heartbeat, Output, Result, Error, TimelineBatch, Stall, Stacks, Metrics),  # worker
-    *(Resized, Resumed),  # worker -> driver, elastic runs
-    *(Payload, DumpStacks, HostsUpdated),  # driver -> worker
+    *(Resized, Resumed, InPlace, Reformed),  # worker -> driver, elastic runs
+    *(Payload, DumpStacks, HostsUpdated, Reform),  # driver -> worker
     *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
 )
 

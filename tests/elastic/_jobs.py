@@ -31,6 +31,7 @@ from torch import nn
 HOST_MARK = "kill-host"  # a rank wrote its host here: the test makes that host vanish
 SMALL_MARK = "small"  # an attempt below the full size made its first commit
 BACK_MARK = "back"  # the test brought the lost capacity back
+KILLED_MARK = "killed"  # when the faulty rank killed itself (time.time())
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def train(plan: Plan) -> dict[str, Any]:
     import hora.torch as hvd
 
     hvd.init()
-    rank, world, attempt = hvd.rank(), hvd.size(), _attempt()
+    attempt = _attempt()
     x, y = dataset(plan.samples)
     net = model()
     opt = hvd.DistributedOptimizer(
@@ -98,7 +99,7 @@ def train(plan: Plan) -> dict[str, Any]:
     sampler = hvd.elastic.ElasticSampler(range(plan.samples), shuffle=True, seed=1)
     extra: dict[str, Any] = {}
     if plan.fsdp:
-        sharded = _shard(model(), world)
+        sharded = _shard(model(), hvd.size())
         extra = {
             "sharded": sharded,
             "sharded_opt": torch.optim.SGD(sharded.parameters(), lr=plan.lr, momentum=0.9),
@@ -107,16 +108,15 @@ def train(plan: Plan) -> dict[str, Any]:
     state = hvd.elastic.TorchState(net, opt, sampler=sampler, epoch=0, **extra)
     sizes: list[int] = []
     state.register_reset_callbacks([sizes.append])
-    log_path = Path(plan.folder, f"log-{attempt}-{rank}.jsonl")
-
-    def log(entry: dict[str, Any]) -> None:
-        with log_path.open("a") as f:
-            f.write(json.dumps(entry) + "\n")
+    calls = [0]  # loop's calls in this process: more than one after a world re-formed in place
 
     @hvd.elastic.run
     def loop(state: hvd.elastic.TorchState) -> None:
+        rank, world, call = hvd.rank(), hvd.size(), calls[0]
+        calls[0] += 1
+        log = _logger(Path(plan.folder, f"log-{attempt}-{call}-{rank}.jsonl"))
         start = state.commit_index
-        log({"start": start, "epoch": state.epoch, "reset_sizes": list(sizes)})
+        log({"start": start, "epoch": state.epoch, "reset_sizes": list(sizes), "pid": os.getpid()})
         n = 0
         waited = False
         while state.epoch < plan.epochs:
@@ -137,11 +137,12 @@ def train(plan: Plan) -> dict[str, Any]:
                         "epoch": state.epoch,
                         "commit": state.commit_index,
                         "idx": idx,
+                        "t": time.time(),
                     }
                 )
                 n += 1
                 state.sampler.record_batch(i // plan.batch, plan.batch)
-                _maybe_fault(plan, attempt, rank, world, state.commit_index - start)
+                _maybe_fault(plan, attempt, call, rank, world, state.commit_index - start)
                 time.sleep(plan.step_seconds)
                 if (i // plan.batch + 1) % plan.commit_every == 0:
                     if plan.wait_for_return and world < plan.full and not waited:
@@ -153,7 +154,13 @@ def train(plan: Plan) -> dict[str, Any]:
 
     loop(state)
     weights = {k: v.detach().clone() for k, v in net.state_dict().items()}
-    result: dict[str, Any] = {"rank": rank, "world": world, "attempt": attempt, "weights": weights}
+    result: dict[str, Any] = {
+        "rank": hvd.rank(),
+        "world": hvd.size(),
+        "attempt": attempt,
+        "weights": weights,
+        "pid": os.getpid(),
+    }
     if plan.fsdp:
         result["sharded"] = {
             k: v.full_tensor().detach().clone() for k, v in state.sharded.state_dict().items()
@@ -162,12 +169,22 @@ def train(plan: Plan) -> dict[str, Any]:
     return result
 
 
-def _maybe_fault(plan: Plan, attempt: int, rank: int, world: int, commits: int) -> None:
-    if plan.fault is None or attempt != plan.fault_attempt or rank != world - 1:
+def _logger(path: Path) -> Any:
+    def log(entry: dict[str, Any]) -> None:
+        with path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    return log
+
+
+def _maybe_fault(plan: Plan, attempt: int, call: int, rank: int, world: int, commits: int) -> None:
+    """The fault, in the attempt's first world only (not again in one re-formed in place)."""
+    if plan.fault is None or (attempt, call) != (plan.fault_attempt, 0) or rank != world - 1:
         return
     if commits != plan.fault_commit:
         return
     if plan.fault == "self":
+        Path(plan.folder, KILLED_MARK).write_text(repr(time.time()))
         os.kill(os.getpid(), signal.SIGKILL)
     Path(plan.folder, HOST_MARK).write_text(socket.gethostname())
     time.sleep(3600)  # as a lost host: this rank trains no further
@@ -187,13 +204,16 @@ def _wait_for_return(folder: str, rank: int) -> bool:
 
 
 # ----- reading the logs back ------------------------------------------------------------------
-def read_logs(folder: str) -> dict[int, dict[int, list[dict[str, Any]]]]:
-    """attempt -> rank -> its log entries, in order."""
-    logs: dict[int, dict[int, list[dict[str, Any]]]] = defaultdict(dict)
+Life = tuple[int, int]  # (attempt, world re-formed in place within it: 0 for its first)
+
+
+def read_logs(folder: str) -> dict[Life, dict[int, list[dict[str, Any]]]]:
+    """(attempt, world within it) -> rank -> its log entries, in order."""
+    logs: dict[Life, dict[int, list[dict[str, Any]]]] = defaultdict(dict)
     for path in Path(folder).glob("log-*.jsonl"):
-        _, attempt, rank = path.stem.split("-")
+        _, attempt, call, rank = path.stem.split("-")
         entries = [json.loads(line) for line in path.read_text().splitlines()]
-        logs[int(attempt)][int(rank)] = entries
+        logs[int(attempt), int(call)][int(rank)] = entries
     return dict(logs)
 
 
@@ -201,15 +221,15 @@ def read_logs(folder: str) -> dict[int, dict[int, list[dict[str, Any]]]]:
 class Step:
     """One step of the run as the model saw it: the world size and each rank's indices."""
 
-    attempt: int
+    attempt: Life
     epoch: int
     world: int
     batches: tuple[tuple[int, ...], ...]  # by rank
 
 
 def kept_steps(folder: str) -> tuple[list[Step], list[int], list[int]]:
-    """The steps the final model contains, in order; each attempt's world size; and the commit
-    each attempt started from."""
+    """The steps the final model contains, in order; each world's size (an attempt's, and each
+    world re-formed in place within it); and the commit each started from."""
     logs = read_logs(folder)
     attempts = sorted(logs)
     starts = [logs[a][0][0]["start"] for a in attempts]

@@ -18,9 +18,11 @@ def test_a_local_run_grows_at_a_commit_and_resumes_a_killed_rank_from_its_last_c
 ):
     """np=1, max_np=2: the local engine can always start 2, so the run grows to 2 at a commit;
     then the last rank SIGKILLs itself and the run restarts (2 ranks again: this machine's
-    capacity) from the commit before. Every sample of every epoch is trained exactly once in
-    the final model, which equals one process trained on the same steps."""
+    capacity) from the commit before (in-place recovery turned off: this is the restart path,
+    as jobs without hvd.elastic.run take). Every sample of every epoch is trained exactly once
+    in the final model, which equals one process trained on the same steps."""
     monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
+    monkeypatch.setenv("HORA_ELASTIC_IN_PLACE", "0")
     plan = _jobs.Plan(
         str(tmp_path), full=2, samples=SAMPLES, fault="self", fault_attempt=1, fault_commit=2
     )
@@ -40,7 +42,8 @@ def test_a_local_run_grows_at_a_commit_and_resumes_a_killed_rank_from_its_last_c
         for r, e in e.items()
         if r == 0
     }
-    assert resets == {0: [], 1: [2], 2: []}, resets  # called with the new size, on a change
+    # called with the new size, on a change
+    assert resets == {(0, 0): [], (1, 0): [2], (2, 0): []}, resets
     err = capfd.readouterr().err
     assert re.search(
         r"hora: resizing from 1 to 2 ranks \(free slots for 2 ranks; every rank "

@@ -23,6 +23,7 @@ def capacity(spec: AttemptSpec, held: int) -> int:
 
 class LocalLauncher(Launcher):
     channel_host = LOOPBACK
+    reforms_in_place = True  # a dead process takes nothing of the others with it
 
     def __init__(self, spec: AttemptSpec) -> None:
         self.spec = spec

@@ -12,5 +12,6 @@ R = TypeVar("R")
 
 def run(func: Callable[..., R]) -> Callable[..., R]:
     """Decorate `func(state, *args, **kwargs)` to be retried from `state`'s last commit, and
-    resumed by a new attempt of another size (see `hora.collectives.elastic.run`)."""
-    return elastic.run(func)
+    resumed by a new attempt of another size, and re-formed in place when a rank is lost (see
+    `hora.collectives.elastic.run`)."""
+    return elastic.run(func, in_place=True)

@@ -220,6 +220,11 @@ class TorchState(ObjectState):
             handlers[name].value = value
         super().__setattr__(name, value)
 
+    def reforms_in_place(self) -> bool:
+        """A sharded model's mesh is the world it was made in, and a lost rank took its shards:
+        such a state restarts from its checkpoint instead."""
+        return not any(isinstance(h, _ShardedHandler) for h in self._each())
+
     def _each(self) -> Iterable[_Handler]:
         return self._handlers.values()
 

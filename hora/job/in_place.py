@@ -1,0 +1,160 @@
+"""An elastic attempt that shrinks in place: a lost rank stops no survivor.
+
+Horovod's elastic mode resets its survivors in place; hora's local engine does the same for
+jobs in `hvd.elastic.run` (torch), whose ranks say so (`InPlace`). When every failed rank's
+process is gone without a word of its own (a kill, a crash: not the job's exception, which would
+fail again) and enough survivors are left, the monitor does not fail the attempt: the survivors
+are renumbered in rank order and each is told its place (`Reform`); their `hvd.elastic.run`
+re-forms the world, restores the last in-memory commit and syncs it from the new rank 0, and
+rank 0 says when training goes on (`Reformed`). The ranks keep naming themselves by the rank
+they started as; `Renumbering` maps that to the rank now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from hora import environment
+from hora.wire.channel import Connection
+from hora.wire.protocol import (
+    EngineFailed,
+    Error,
+    Exited,
+    Heartbeat,
+    Hello,
+    InPlace,
+    Metrics,
+    Output,
+    Reform,
+    Reformed,
+    Resized,
+    Result,
+    Stacks,
+)
+
+#: what names its sender (or, from the launcher, its process) by the rank it started as
+FROM_A_RANK = (
+    *(Hello, Heartbeat, Output, Result, Error, Exited, EngineFailed, Metrics, Stacks),
+    *(Resized, InPlace),
+)
+
+
+class _Failure(Protocol):
+    rank: int
+    reported: bool
+    time: float
+
+    def headline(self) -> str: ...
+
+
+class Watched(Protocol):
+    """What of the monitor (`hora.job.monitor.Monitor`) a resize in place rewrites."""
+
+    np: int
+    started: dict[int, str]
+    connections: dict[int, Connection]
+    last_heard: dict[int, float]
+    tails: dict[int, Any]
+    results: dict[int, bytes | None]
+    exits: dict[int, int]
+    closed: set[int]
+    failures: dict[int, Any]
+    stall: str | None
+    stuck: tuple[int, ...]
+
+
+class Renumbering:
+    """The ranks of one attempt as first started and as numbered now; `min_np` None: the
+    attempt never shrinks in place (a lost rank fails it, as before)."""
+
+    def __init__(self, np: int, min_np: int | None) -> None:
+        self.min_np = min_np
+        self.now: dict[int, int] = {r: r for r in range(np)}  # first rank -> rank now
+        self.in_place: set[int] = set()  # ranks (now) whose hvd.elastic.run can re-form
+        self.generation = 0  # worlds re-formed in place so far
+        self.reforming: tuple[float, int, str] | None = None  # (since, from np, why)
+
+    def translate(self, message: Any) -> Any:
+        """`message` with the rank now; None for a rank lost to a re-formed world."""
+        if not isinstance(message, FROM_A_RANK):
+            return message
+        rank = self.now.get(message.rank)
+        if rank is None:
+            return None
+        return message._replace(rank=rank)
+
+    def report(self, message: Any) -> bool:
+        """Take the ranks' word on re-forming (True), or leave `message` to the monitor."""
+        match message:
+            case InPlace(rank=rank):
+                self.in_place.add(rank)
+                return True
+            case Reformed(generation=generation, size=size, commit=commit):
+                self._reformed(generation, size, commit)
+        return False
+
+    def possible(self, watched: Watched, finished: Callable[[int], bool]) -> bool:
+        """Every failed rank's process is gone without a word of its own, every other rank
+        runs in a re-formable hvd.elastic.run, and at least min_np of them are left."""
+        if self.min_np is None:
+            return False
+        failures: list[_Failure] = list(watched.failures.values())
+        survivors = [r for r in range(watched.np) if r not in watched.failures]
+        return (
+            len(survivors) >= self.min_np
+            and all(not f.reported and f.rank in watched.exits for f in failures)
+            and all(r in self.in_place and not finished(r) for r in survivors)
+        )
+
+    def reform(self, watched: Watched, since: float) -> None:
+        """Renumber the survivors (in rank order) and tell each its place in the new world."""
+        failures: list[_Failure] = sorted(watched.failures.values(), key=lambda f: f.time)
+        why = ", ".join(f.headline() for f in failures)
+        survivors = [r for r in range(watched.np) if r not in watched.failures]
+        new = {old: index for index, old in enumerate(survivors)}
+        before = watched.np
+        self.now = {first: new[now] for first, now in self.now.items() if now in new}
+        self.in_place = {new[r] for r in self.in_place if r in new}
+        self.generation += 1
+        self.reforming = (since, before, why)
+
+        def kept(values: dict[int, Any]) -> dict[int, Any]:
+            return {new[r]: v for r, v in values.items() if r in new}
+
+        watched.np = len(survivors)
+        watched.started, watched.connections = kept(watched.started), kept(watched.connections)
+        watched.last_heard, watched.tails = kept(watched.last_heard), kept(watched.tails)
+        watched.results, watched.exits = kept(watched.results), kept(watched.exits)
+        watched.closed = {new[r] for r in watched.closed if r in new}
+        watched.failures, watched.stall, watched.stuck = {}, None, ()
+        places = environment.placements([watched.started[r] for r in range(watched.np)])
+        for rank, conn in watched.connections.items():
+            p = places[rank]
+            order = Reform(
+                rank, p.size, p.local_rank, p.local_size, p.cross_rank, p.cross_size,
+                self.generation,
+            )  # fmt: skip
+            with contextlib.suppress(OSError):
+                conn.send(order)
+        _say(
+            f"resizing in place from {before} to {watched.np} ranks ({why}); the survivors keep "
+            "their processes"
+        )
+
+    def _reformed(self, generation: int, size: int, commit: int) -> None:
+        if self.reforming is None or generation != self.generation:
+            return
+        since, before, why = self.reforming
+        self.reforming = None
+        _say(
+            f"resized in place from {before} to {size} ranks in {time.time() - since:.1f} s "
+            f"({why}); the ranks went on from commit {commit}"
+        )
+
+
+def _say(text: str) -> None:
+    print(f"hora: {text}", file=sys.stderr, flush=True)
