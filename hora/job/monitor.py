@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from hora.engines.process import describe_exit
-from hora.errors import RankTraceback, RunTimeoutError, WorkerFailedError
+from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.job.callbacks import AttemptState, MonitorCallback
 from hora.job.elastic import AttemptResized
+from hora.job.failures import Failure, story
 from hora.job.in_place import Renumbering
 from hora.job.stacks import StackRequest, take_request
 from hora.wire.channel import Connection
@@ -59,20 +60,6 @@ class Group(Protocol):
 
     @property
     def multi_host(self) -> bool: ...
-
-
-@dataclass
-class Failure:
-    rank: int
-    summary: str
-    traceback: str
-    reported: bool  # True when the worker described its own failure
-    time: float
-    subject: str = ""  # the headline's start when what failed is not the rank itself (a task)
-    exception: bytes | None = None  # the rank's exception, pickled (Error.exception)
-
-    def headline(self) -> str:
-        return f"{self.subject or f'rank {self.rank} failed'}: {self.summary}"
 
 
 @dataclass(frozen=True)
@@ -415,29 +402,9 @@ class Monitor:
             if isinstance(message, Output | TimelineBatch | Stall | Metrics):
                 self.handle(None, message)
 
-    # -- the story of a failure -------------------------------------------------------------
     def failure_error(self) -> WorkerFailedError:
-        # A silent death (signal, exit without a word) makes the other ranks' collectives fail
-        # moments later, so it is the likelier root cause; then the earliest report wins.
-        ordered = sorted(self.failures.values(), key=lambda f: (f.reported, f.time))
-        root = ordered[0]
-        lines = [root.headline()]
-        if root.traceback:
-            lines += ["", root.traceback.rstrip()]
-        tail = list(self.tails[root.rank])
-        if tail:
-            lines += ["", f"last {len(tail)} lines of rank {root.rank}'s output:"]
-            lines += [f"  | {line}" for line in tail]
-        others = ordered[1:]
-        if others:
-            lines += ["", "also failed, after it:"]
-            lines += [f"  {f.subject or f'rank {f.rank}'}: {f.summary}" for f in others]
-        if self.dump is not None:
-            lines += ["", self._stack_report(self.dump)]
-        error = WorkerFailedError("\n".join(lines), root.rank, [f.rank for f in ordered])
-        if root.reported and root.traceback:  # printed first: the user's frames lead
-            error.__cause__ = RankTraceback(root.rank, root.traceback, root.exception)
-        return error
+        dump = self._stack_report(self.dump) if self.dump is not None else None
+        return story(self.failures, self.tails, dump)
 
 
 def _ranks(ranks: list[int]) -> str:

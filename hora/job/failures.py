@@ -1,0 +1,51 @@
+"""The story of a failed attempt: which rank failed first and why, its traceback and last
+output, what failed after it; the rank's own traceback as the error's cause, so it prints first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from hora.errors import RankTraceback, WorkerFailedError
+
+
+@dataclass
+class Failure:
+    rank: int
+    summary: str
+    traceback: str
+    reported: bool  # True when the worker described its own failure
+    time: float
+    subject: str = ""  # the headline's start when what failed is not the rank itself (a task)
+    exception: bytes | None = None  # the rank's exception, pickled (Error.exception)
+
+    def headline(self) -> str:
+        return f"{self.subject or f'rank {self.rank} failed'}: {self.summary}"
+
+
+def story(
+    failures: Mapping[int, Failure], tails: Mapping[int, Iterable[str]], stacks: str | None
+) -> WorkerFailedError:
+    """The attempt's error from its failures, each rank's last output lines and, when the ranks
+    were asked where they are, their stacks."""
+    # A silent death (signal, exit without a word) makes the other ranks' collectives fail
+    # moments later, so it is the likelier root cause; then the earliest report wins.
+    ordered = sorted(failures.values(), key=lambda f: (f.reported, f.time))
+    root = ordered[0]
+    lines = [root.headline()]
+    if root.traceback:
+        lines += ["", root.traceback.rstrip()]
+    tail = list(tails[root.rank])
+    if tail:
+        lines += ["", f"last {len(tail)} lines of rank {root.rank}'s output:"]
+        lines += [f"  | {line}" for line in tail]
+    others = ordered[1:]
+    if others:
+        lines += ["", "also failed, after it:"]
+        lines += [f"  {f.subject or f'rank {f.rank}'}: {f.summary}" for f in others]
+    if stacks is not None:
+        lines += ["", stacks]
+    error = WorkerFailedError("\n".join(lines), root.rank, [f.rank for f in ordered])
+    if root.reported and root.traceback:  # printed first: the user's frames lead
+        error.__cause__ = RankTraceback(root.rank, root.traceback, root.exception)
+    return error
