@@ -59,7 +59,8 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
     optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(plan.lr, momentum=0.9))
     model.compile(optimizer=optimizer, loss="mse")
     state = hvd.elastic.KerasState(model, epoch=0, batch=0, samples=0)
-    log_path = Path(plan.folder, f"log-{attempt}-{rank}.jsonl")
+    # as `_jobs.train` names its logs; Keras never re-forms in place, so its one world is 0
+    log_path = Path(plan.folder, f"log-{attempt}-0-{rank}.jsonl")
     per_step = world * plan.batch
 
     def log(entry: dict[str, Any]) -> None:
@@ -92,7 +93,7 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
             )
             self.n += 1
             state.samples += per_step
-            _jobs._maybe_fault(plan, attempt, rank, world, state.commit_index - self.start)
+            _jobs._maybe_fault(plan, attempt, 0, rank, world, state.commit_index - self.start)
             time.sleep(plan.step_seconds)
             ends_commit = (state.batch + 1) % 2 == 0  # CommitStateCallback's 2 batches
             if plan.wait_for_return and world < plan.full and ends_commit and not self.waited:
