@@ -12,6 +12,7 @@ import secrets
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,9 +46,10 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     if reason:
         pytest.skip(f"no test cluster of namespaced hosts: {reason}")
     site = hide_hora(tmp_path_factory.mktemp("no-hora"))
-    # Ray's token mode (tests/cluster/conftest.py) needs a token every node and the driver share.
+    # Ray's token mode (tests/cluster/conftest.py) needs a token every node and the driver share;
+    # the hosts get it through RAY_AUTH_TOKEN.
     token_was = os.environ.get("RAY_AUTH_TOKEN")
-    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    os.environ["RAY_AUTH_TOKEN"] = token_was or _ray_token()
     made = Cluster(
         HOSTS, CORES, spark=True, ray=True, extra_env={TAG: os.environ[TAG], "PYTHONPATH": site}
     )
@@ -69,6 +71,16 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         made.stop()
         if token_was is None:
             os.environ.pop("RAY_AUTH_TOKEN", None)
+
+
+def _ray_token() -> str:
+    """The token Ray reads when no variable names one (its file, made as Ray would if missing):
+    the one an earlier cluster module's `ray.init` already holds, since Ray keeps the first."""
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_hex(32))
+    return path.read_text().strip()
 
 
 @pytest.fixture
