@@ -205,7 +205,9 @@ def test_timeline_variables_set_on_the_driver_are_sent_to_every_engine(monkeypat
     with pytest.raises(RuntimeError, match="captured"):
         Job(config, b"", new_group).run()
     [launcher] = launchers
-    assert len(launcher.env.pop(environment.RUN_ID_VAR)) >= 8  # the run's id, every attempt's
+    run_id = launcher.env.pop(environment.RUN_ID_VAR)
+    assert len(run_id) >= 8  # the run's id, every attempt's; torchrun's name for it too
+    assert launcher.env.pop("TORCHELASTIC_RUN_ID") == run_id
     assert launcher.env == {
         "HOROVOD_TIMELINE": "/somewhere/trace.json",
         "HOROVOD_TIMELINE_MARK_CYCLES": "0",  # the run's own env wins
