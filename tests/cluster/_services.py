@@ -22,6 +22,9 @@ from tests.cluster._hosts import TAG, Host, Network, kill_all, popen_logged
 # to bind or which interface to use. Ray's token settings must match the driver's.
 KEPT = ("HOME", "LANG", "LC_ALL", "TZ", "JAVA_HOME", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# The checkout under test: the hosts import hora (and tests' jobs) from it, not from wherever the
+# venv's editable install points (another worktree's checkout, on a machine with several).
+CHECKOUT = str(Path(__file__).resolve().parents[2])
 READY_SECONDS = 120.0
 SPARK_DAEMON_MEMORY = "256m"
 WORKER_MEMORY_MB = 1024  # what executors may take on each host (the session asks 512m)
@@ -34,7 +37,8 @@ WORKER_TIMEOUT_SECONDS = 90
 
 def clean_env(prefix: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment every cluster process starts with: this Python's folder on a system
-    PATH, the slot's tag, the KEPT variables, and `extra`."""
+    PATH, the checkout under test first on PYTHONPATH, the slot's tag, the KEPT variables, and
+    `extra`."""
     env = {name: os.environ[name] for name in KEPT if name in os.environ}
     env |= {
         "PATH": os.path.dirname(sys.executable) + os.pathsep + SYSTEM_PATH,
@@ -44,6 +48,7 @@ def clean_env(prefix: str, extra: Mapping[str, str] | None = None) -> dict[str, 
         # exists while nodes and drivers do not. Unset here means what it means to a driver.
         "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
         "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": CHECKOUT,
     }
     return env | dict(extra or {})
 
