@@ -22,6 +22,9 @@ AGENT_STORE_VARS = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTAR
 
 RUN_ID_VAR = "HORA_RUN_ID"
 ELASTIC_VAR = "HORA_ELASTIC"
+#: which of the run's worlds re-formed in place this process belongs to (0 or unset: the
+#: attempt's first, rendezvoused by env://); a rank started to grow a world in place gets it
+GENERATION_VAR = "HORA_WORLD_GENERATION"
 #: Set by the doors that run, as pyspark's TorchDistributor does on Spark, one torchrun per task:
 #: the rank's torchrun names then count within its task (`task_view`)
 PER_TASK_VAR = "HORA_TORCHRUN_PER_TASK"
@@ -79,6 +82,8 @@ class RankEnvironment:
     #: whether the run may change its size (min_np/max_np): ranks then check for more slots at
     #: every commit
     elastic: bool = False
+    #: the world re-formed in place this process is in (GENERATION_VAR; 0: the attempt's first)
+    generation: int = 0
 
 
 def current(environ: Mapping[str, str] | None = None) -> RankEnvironment:
@@ -109,6 +114,7 @@ def current(environ: Mapping[str, str] | None = None) -> RankEnvironment:
         max_restarts=_int(env, "HORA_MAX_RESTARTS", "TORCHELASTIC_MAX_RESTARTS"),
         run_id=env.get(RUN_ID_VAR) or None,
         elastic=env.get(ELASTIC_VAR) == "1",
+        generation=_int(env, GENERATION_VAR) or 0,
     )
 
 

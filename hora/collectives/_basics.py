@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hora import environment, timeline
+from hora.collectives import _rendezvous
 from hora.collectives._common import NOT_INITIALIZED
 from hora.collectives._control import channel
 from hora.collectives._control import state as _state
@@ -62,10 +63,7 @@ def _init_torch_distributed() -> bool:
             "hora.torch.init(): RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not; "
             "start the processes with hora, torchrun or TorchDistributor"
         )
-    backend = "gloo"
-    if torch.cuda.is_available() and dist.is_nccl_available():
-        backend = "cpu:gloo,cuda:nccl"
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size)
+    _rendezvous.init_default_group(here, timeout())  # a new rank of a world grown in place too
     return True
 
 

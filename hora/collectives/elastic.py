@@ -8,7 +8,8 @@ is Horovod's retry loop: a collective that fails while every process lives
 (`HorovodInternalError`) is healed in place (restore, `shutdown()` + `init()`, sync); a rank of
 a new attempt (after a lost host, or to grow) starts by restoring the freshest commit found on
 any rank's host; a `HostsUpdatedInterrupt` ends the rank cleanly at its commit, and the driver
-starts the run again at the new size.
+starts the run again at the new size. Where the engine re-forms worlds in place, a lost rank's
+survivors and, to grow, the running ranks with new ones become a new world in their processes.
 
 Framework states (`hora.torch.elastic.TorchState`, `hora.tensorflow.elastic`) say how to save,
 restore and sync their objects; `ObjectState` keeps plain values.
@@ -51,18 +52,21 @@ REFORM_WAIT_ENV = "HORA_ELASTIC_REFORM_WAIT_SECONDS"
 DEFAULT_REFORM_WAIT = 10.0
 #: "0": never re-form in place; a lost rank restarts every rank, as before in-place recovery
 IN_PLACE_ENV = "HORA_ELASTIC_IN_PLACE"
+GROW_IN_PLACE = 2  # rank 0's word at a commit: new ranks wait to join this world
 
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Raised by `commit()` on every rank when the elastic run's hosts changed (Horovod's).
 
     Under hora, `run` turns it into a clean end of the rank: the run restarts at the new size
-    from this commit. `skip_sync` is Horovod's (hosts were only added: no need to sync).
+    from this commit; or, `in_place`, into the larger world that new ranks wait to join.
+    `skip_sync` is Horovod's (hosts were only added: no need to sync).
     """
 
-    def __init__(self, skip_sync: bool = False):
+    def __init__(self, skip_sync: bool = False, in_place: bool = False):
         super().__init__("the elastic run's hosts changed")
         self.skip_sync = skip_sync
+        self.in_place = in_place
 
 
 class Commits:
@@ -99,13 +103,15 @@ class Commits:
         self.index = commit.number
         return commit
 
-    def hosts_updated(self) -> bool:
-        """Rank 0's word, on every rank, on whether the driver asked the run to grow."""
+    def hosts_updated(self) -> int:
+        """Rank 0's word, on every rank, on whether the driver asked the run to grow: 0 no,
+        1 by a restart, `GROW_IN_PLACE` with new ranks that wait to join."""
         if not self.elastic:
-            return False
-        flag = torch.tensor([1 if link.hosts_updated() else 0], dtype=torch.int32)
+            return 0
+        word = GROW_IN_PLACE if link.grows_in_place() else int(link.hosts_updated())
+        flag = torch.tensor([word], dtype=torch.int32)
         broadcast_(flag, 0, "elastic.hosts_updated")
-        return bool(flag.item())
+        return int(flag.item())
 
     def finish(self) -> None:
         """The run's function returned: its commits on this host are no longer needed."""
@@ -143,8 +149,9 @@ class State:
 
     def check_host_updates(self) -> None:
         """Raise HostsUpdatedInterrupt (on every rank alike) when the driver asked to grow."""
-        if self._commits.hosts_updated():
-            raise HostsUpdatedInterrupt(skip_sync=False)
+        word = self._commits.hosts_updated()
+        if word:
+            raise HostsUpdatedInterrupt(skip_sync=False, in_place=word == GROW_IN_PLACE)
 
     @property
     def commit_index(self) -> int:
@@ -242,7 +249,11 @@ def run(
     With `in_place` (hora.torch's), under an elastic hora run whose engine re-forms worlds, a
     lost rank stops no survivor: after `HorovodInternalError` a survivor waits for the driver's
     `Reform`, becomes a rank of the smaller world in the same process (`_reform.reform`), and
-    goes on from the last in-memory commit, synced from the new rank 0.
+    goes on from the last in-memory commit, synced from the new rank 0. When the run grows in
+    place, the driver starts the new ranks first; at the commit where rank 0 says so
+    (`HostsUpdatedInterrupt(in_place=True)`) the running ranks re-form into the larger world
+    with them, and the new ranks, whose `run` starts in that world, take the running ranks'
+    state by the same sync (their code before `run` may call `init()`, but no collective).
     """
     reset = reset or _reinit
 
@@ -259,24 +270,23 @@ def run(
             except HorovodInternalError:
                 if resets >= limit:
                     raise
+                resets += 1
                 log.warning("collective failed; restoring the last commit and re-initialising")
                 state.restore()
                 order = _await_reform() if reformable else None
-            except HostsUpdatedInterrupt:
-                if link.current() is None:
-                    raise  # not a hora rank: nobody would start the larger run
-                _end_for_resize(state)
+            except HostsUpdatedInterrupt as interrupt:
+                order = _grown(state, interrupt, reformable)
             else:
                 state._commits.finish()
                 return result
-            resets += 1
-            if order is not None:
-                _reform.reform(order)
-            else:
+            if order is None:
                 reset()
-            state.on_reset()
-            state.sync()
-            if order is not None and rank() == 0:
+                state.on_reset()
+                state.sync()
+                continue
+            _reform.reform(order)
+            _sync_world(state)
+            if rank() == 0:
                 link.send_to_driver(Reformed(0, order.generation, size(), state.commit_index))
 
     return wrapper
@@ -320,7 +330,14 @@ def _reinit() -> None:
 
 
 def _resume(state: State) -> None:
-    """A rank's start: the freshest commit anywhere, else rank 0's state."""
+    """A rank's start: in a world grown in place, the running ranks' state (rank 0's);
+    else the freshest commit anywhere, else rank 0's state."""
+    global _generation
+    generation = environment.current().generation
+    if generation:
+        _generation = generation
+        _sync_world(state)
+        return
     commit = state.restore_freshest()
     if commit is None:
         state.sync()
@@ -329,6 +346,26 @@ def _resume(state: State) -> None:
         link.send_to_driver(Resumed(0, commit.number, commit.size))
     if commit.size != size():
         state.on_reset()
+
+
+def _grown(state: State, interrupt: HostsUpdatedInterrupt, reformable: bool) -> Reform:
+    """Where to re-form with the new ranks that wait to join (`interrupt.in_place`); else the
+    rank ends at this commit for the driver to start the run at the new size."""
+    if link.current() is None:
+        raise interrupt  # not a hora rank: nobody would start the larger run
+    order = _await_reform() if reformable and interrupt.in_place else None
+    if order is None:
+        _end_for_resize(state)
+    link.hosts_heard()
+    return order
+
+
+def _sync_world(state: State) -> None:
+    """Every rank of a world re-formed in place, new ones included, takes rank 0's state: its
+    commit count, then (after the reset callbacks, with the new size) what `sync()` sends."""
+    state._commits.index = broadcast_object(state._commits.index, 0, "elastic.commit_index")
+    state.on_reset()
+    state.sync()
 
 
 def _end_for_resize(state: State) -> NoReturn:

@@ -84,10 +84,20 @@ class Launcher(ABC):
     #: whether a lost rank may leave the others running, to re-form in place (an elastic run's
     #: `hvd.elastic.run`): the launcher then keeps the survivors' processes and rendezvous store
     reforms_in_place: bool = False
+    #: whether `add` can start ranks into the running attempt, to grow it in place
+    grows_in_place: bool = False
 
     @abstractmethod
     def start(self, ctx: LaunchContext) -> None:
         """Start the workers and return; progress arrives as events on `ctx.events`."""
+
+    def add(
+        self, ranks: list[tuple[int, environment.RankPlacement]], env: Mapping[str, str]
+    ) -> None:
+        """Start one more worker per `(id, placement)` into the started attempt: `id` names it
+        to the driver (its Boot's rank, never one used before), the placement is its place in
+        the larger world; `env` is added to the attempt's. Only where `grows_in_place`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot grow an attempt in place")
 
     @abstractmethod
     def stop(self) -> None:

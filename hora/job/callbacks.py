@@ -18,9 +18,11 @@ from typing import Any, Protocol
 from hora._output_files import OutputFiles
 from hora.job._echo import echo
 from hora.job.elastic import GrowthWatch
+from hora.job.growing import GrowingInPlace
+from hora.job.in_place import ResizedInPlace
 from hora.job.metrics import MetricsLog
 from hora.timeline import DriverTimeline
-from hora.wire.protocol import HostsUpdated, Metrics, Reformed, Resumed, TimelineBatch
+from hora.wire.protocol import HostsUpdated, Metrics, Resumed, TimelineBatch
 
 
 class AttemptState(enum.Enum):
@@ -61,8 +63,14 @@ class Monitor(Protocol):
     @property
     def state(self) -> AttemptState: ...
 
+    @property
+    def resizing(self) -> bool: ...
+
     def send_all(self, message: Any) -> None:
         """Send `message` to every rank whose channel is still open."""
+
+    def grow_in_place(self, size: int) -> bool:
+        """Start new ranks that the running ones re-form with; False when they cannot."""
 
 
 class MonitorCallback:
@@ -119,8 +127,11 @@ class RecordTimeline(MonitorCallback):
                 self.timeline.receive(rank, path, batch)
             case Resumed(commit=commit, size=size):
                 self.timeline.mark("resumed", {"commit": commit, "made_by": size})
-            case Reformed(size=size, commit=commit):
-                self.timeline.mark("resized in place", {"to": size, "commit": commit})
+            case GrowingInPlace(before=before, size=size, why=why):
+                self.timeline.mark("growing in place", {"from": before, "to": size, "why": why})
+            case ResizedInPlace(before=before, size=size, seconds=seconds, commit=commit, why=why):
+                args = {"from": before, "to": size, "seconds": round(seconds, 3), "why": why}
+                self.timeline.mark("resized in place", args | {"commit": commit})
 
 
 class CollectMetrics(MonitorCallback):
@@ -148,14 +159,24 @@ class CollectMetrics(MonitorCallback):
 
 
 class WatchGrowth(MonitorCallback):
-    """An elastic attempt that may grow: while every rank runs, ask them all to stop at their
-    next commit once the cluster has had room for more for the settle time."""
+    """An elastic attempt that may grow: while every rank runs, once the cluster has had room
+    for more for the settle time, grow in place where the ranks can (`hora.job.growing`), else
+    (with a restart left) ask them all to stop at their next commit. After a resize in place
+    it watches again, from the new size."""
 
-    def __init__(self, growth: GrowthWatch) -> None:
+    def __init__(self, growth: GrowthWatch, max_np: int, restart: bool = True) -> None:
         self.growth = growth
+        self.max_np = max_np
+        self.restart = restart  # the budget has an attempt left to grow into
 
     def on_tick(self, monitor: Monitor, now: float) -> None:
-        if monitor.state is AttemptState.RUNNING and self.growth.due(now):
+        if monitor.state is not AttemptState.RUNNING or monitor.resizing:
+            return
+        if monitor.np != self.growth.np:
+            self.growth = GrowthWatch(monitor.np, self.growth.capacity, self.growth.steady)
+        if monitor.np >= self.max_np or not self.growth.due(now):
+            return
+        if not monitor.grow_in_place(min(self.max_np, self.growth.seen)) and self.restart:
             monitor.send_all(HostsUpdated())
 
 
@@ -164,7 +185,7 @@ def for_attempt(
     timeline: DriverTimeline,
     metrics: MetricsLog,
     output_files: OutputFiles | None = None,
-    growth: GrowthWatch | None = None,
+    growth: WatchGrowth | None = None,
     log_callback_only: bool = False,
 ) -> list[MonitorCallback]:
     """The driver's callbacks for the attempt numbered `attempt` (from 0) of a run."""
@@ -177,5 +198,5 @@ def for_attempt(
         CollectMetrics(metrics, attempt),
     ]
     if growth is not None:
-        callbacks.append(WatchGrowth(growth))
+        callbacks.append(growth)
     return callbacks

@@ -239,16 +239,16 @@ class Job:
         if attempt.index:
             _say(f"hora: {attempt} starting" + (f" ({attempt.np} ranks)" if config.elastic else ""))
         group, self._first = self._first or self.new_group(self._spec(attempt, deadline)), None
+        in_place = (config.min_np or 1) if config.elastic and _reforms(group) else None
         watchers = callbacks.for_attempt(
             attempt.index,
             timeline,
             self.metrics,
             self.output_files,
-            self._growth(attempt),
+            self._growth(attempt, in_place is not None),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()
-        in_place = (config.min_np or 1) if config.elastic and _reforms(group) else None
         monitor = Monitor(
             group, attempt.np, payload, config.collect_all, watchers, in_place_min_np=in_place
         )
@@ -280,14 +280,18 @@ class Job:
             env=env,
         )
 
-    def _growth(self, attempt: Attempt) -> GrowthWatch | None:
-        """A watch for returning slots, when the attempt may grow and the budget allows it."""
+    def _growth(self, attempt: Attempt, in_place: bool = False) -> callbacks.WatchGrowth | None:
+        """A watch for returning slots: while the attempt runs below max_np, to grow by a
+        restart (while the budget has an attempt left) or, where its engine re-forms worlds,
+        in place (spending none; also after it shrank in place)."""
         sizer = self.sizer
-        if sizer is None or attempt.np >= sizer.max_np:
+        if sizer is None:
             return None
-        if attempt.index >= self.policy.max_restarts:
-            return None  # no attempt left to grow into: the run finishes at this size
-        return GrowthWatch(attempt.np, sizer.capacity, sizer.settle)
+        budget = attempt.index < self.policy.max_restarts  # an attempt left to grow into
+        if not (in_place or (budget and attempt.np < sizer.max_np)):
+            return None  # the run finishes at this size
+        watch = GrowthWatch(attempt.np, sizer.capacity, sizer.settle)
+        return callbacks.WatchGrowth(watch, sizer.max_np, restart=budget)
 
     def _final_error(self) -> WorkerFailedError:
         if len(self.failed) == 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import queue
 
 from hora.engines.base import LaunchContext, Launcher
+from hora.environment import RankPlacement
 from hora.wire import channel
 from hora.wire.protocol import ALLOWED
 
@@ -34,6 +35,15 @@ class WorkerGroup:
     def reforms_in_place(self) -> bool:
         """Whether the survivors of a lost rank may re-form in place (the launcher's say)."""
         return self.launcher.reforms_in_place
+
+    @property
+    def grows_in_place(self) -> bool:
+        """Whether ranks can be added to the running attempt (the launcher's say)."""
+        return self.launcher.grows_in_place
+
+    def add(self, ranks: list[tuple[int, RankPlacement]], env: dict[str, str]) -> None:
+        """Start new ranks into the running attempt, to grow it in place (`Launcher.add`)."""
+        self.launcher.add(ranks, env)
 
     def start(self) -> None:
         secret = channel.new_secret()

@@ -16,7 +16,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from hora import environment
 from hora.wire.channel import Connection
@@ -27,6 +27,7 @@ from hora.wire.protocol import (
     Heartbeat,
     Hello,
     InPlace,
+    Joining,
     Metrics,
     Output,
     Reform,
@@ -39,7 +40,7 @@ from hora.wire.protocol import (
 #: what names its sender (or, from the launcher, its process) by the rank it started as
 FROM_A_RANK = (
     *(Hello, Heartbeat, Output, Result, Error, Exited, EngineFailed, Metrics, Stacks),
-    *(Resized, InPlace),
+    *(Resized, InPlace, Joining),
 )
 
 
@@ -78,6 +79,10 @@ class Renumbering:
         self.generation = 0  # worlds re-formed in place so far
         self.reforming: tuple[float, int, str] | None = None  # (since, from np, why)
 
+    def first(self, rank: int) -> int:
+        """The rank (as first started) of the process that is rank `rank` now."""
+        return next(first for first, now in self.now.items() if now == rank)
+
     def translate(self, message: Any) -> Any:
         """`message` with the rank now; None for a rank lost to a re-formed world."""
         if not isinstance(message, FROM_A_RANK):
@@ -87,15 +92,16 @@ class Renumbering:
             return None
         return message._replace(rank=rank)
 
-    def report(self, message: Any) -> bool:
-        """Take the ranks' word on re-forming (True), or leave `message` to the monitor."""
+    def report(self, message: Any) -> Any:
+        """Take the ranks' word on re-forming: what the monitor hands its callbacks of it (a
+        `ResizedInPlace` for a `Reformed`), None for nothing; any other `message` as it is."""
         match message:
             case InPlace(rank=rank):
                 self.in_place.add(rank)
-                return True
+                return None
             case Reformed(generation=generation, size=size, commit=commit):
-                self._reformed(generation, size, commit)
-        return False
+                return self._reformed(generation, size, commit)
+        return message
 
     def possible(self, watched: Watched, finished: Callable[[int], bool]) -> bool:
         """Every failed rank's process is gone without a word of its own, every other rank
@@ -145,15 +151,28 @@ class Renumbering:
             "their processes"
         )
 
-    def _reformed(self, generation: int, size: int, commit: int) -> None:
+    def _reformed(self, generation: int, size: int, commit: int) -> ResizedInPlace | None:
         if self.reforming is None or generation != self.generation:
-            return
+            return None
         since, before, why = self.reforming
         self.reforming = None
+        seconds = time.time() - since
         _say(
-            f"resized in place from {before} to {size} ranks in {time.time() - since:.1f} s "
+            f"resized in place from {before} to {size} ranks in {seconds:.1f} s "
             f"({why}); the ranks went on from commit {commit}"
         )
+        return ResizedInPlace(before, size, seconds, commit, why)
+
+
+class ResizedInPlace(NamedTuple):
+    """The driver's own record for its callbacks (the timeline): a world re-formed in place
+    went on from commit `commit`, `seconds` after the driver decided it."""
+
+    before: int
+    size: int
+    seconds: float
+    commit: int
+    why: str
 
 
 def _say(text: str) -> None:

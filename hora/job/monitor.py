@@ -25,6 +25,7 @@ from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.job.callbacks import AttemptState, MonitorCallback
 from hora.job.elastic import AttemptResized
 from hora.job.failures import Failure, story
+from hora.job.growing import Growth
 from hora.job.in_place import Renumbering
 from hora.job.stacks import StackRequest, take_request
 from hora.wire.channel import Connection
@@ -108,6 +109,8 @@ class Monitor:
         #: an elastic attempt whose engine can re-form it: the fewest ranks it may shrink to in
         #: place (None: a lost rank ends the attempt, as on any engine)
         self.renumbering = Renumbering(np, in_place_min_np)
+        self.growth = Growth(np)  # new ranks started to grow the attempt in place
+        self.start_timeout = 0.0  # the attempt's (Limits), for new ranks of a growth in place
         self.state = AttemptState.STARTING
         for callback in self.callbacks:
             callback.on_state(self, None, self.state)
@@ -125,7 +128,7 @@ class Monitor:
             return AttemptState.FAILING
         if len(self.results) >= self.np:
             return AttemptState.FINISHING
-        if len(self.started) == self.np:
+        if len(self.started) >= self.np:  # more: new ranks on their way to grow it in place
             return AttemptState.RUNNING
         return AttemptState.STARTING
 
@@ -142,6 +145,7 @@ class Monitor:
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
         start_deadline = time.monotonic() + limits.start_timeout
+        self.start_timeout = limits.start_timeout
         self._all_done_at: float | None = None
         while True:
             now = time.monotonic()
@@ -164,6 +168,7 @@ class Monitor:
         """Every rank returned (and exited, or had its grace to): True. A failure raises its
         story once the settle time and any question to the ranks are over; every rank stopped
         at the same commit to grow raises AttemptResized."""
+        self.growth.late(self, now)
         if self.failures:
             first = min(f.time for f in self.failures.values())
             settled = time.time() - first >= SETTLE_SECONDS
@@ -184,8 +189,26 @@ class Monitor:
 
     def _may_reform(self) -> bool:
         """The attempt may shrink in place instead of failing (`hora.job.in_place`)."""
-        live = not self.stopping and self.dump is None
+        live = not self.stopping and self.dump is None and self.growth.joiners is None
         return live and self.renumbering.possible(self, self._finished)
+
+    # -- growing in place (`hora.job.growing`) ----------------------------------------------
+    @property
+    def resizing(self) -> bool:
+        """A resize in place is under way (new ranks on their way, or a world re-forming)."""
+        return self.growth.joiners is not None or self.renumbering.reforming is not None
+
+    def grow_in_place(self, size: int) -> bool:
+        """Start new ranks for a world of `size` that the running ranks re-form into at their
+        next commit; False when they cannot (the run may grow by a restart instead)."""
+        record = self.growth.start(self, self.renumbering, self.group, size, self.start_timeout)
+        if record is None:
+            return False
+        for rank in range(record.before, record.size):
+            self.tails[rank] = deque(maxlen=TAIL_LINES)
+        for callback in self.callbacks:
+            callback.on_report(record)
+        return True
 
     def _check_limits(self, limits: Limits, start_deadline: float, now: float) -> None:
         """Raise RunTimeoutError when the ranks did not all start in time, or the run's timeout
@@ -245,7 +268,8 @@ class Monitor:
     def _report(self, message: Any) -> None:
         """What a running rank says: its output, stalls, resizes and stacks here; the rest (its
         timeline, metrics, a resume) to the callbacks."""
-        if self.renumbering.report(message):
+        message = self.growth.report(self, self.renumbering, self.renumbering.report(message))
+        if message is None:
             return
         match message:
             case Output(rank=rank, stream=stream, text=text):
@@ -277,10 +301,12 @@ class Monitor:
 
     def _hello(self, conn: Connection, rank: int, host: str) -> None:
         """A rank connected: it gets the job, unless the rank is unknown or already here."""
-        if not (isinstance(rank, int) and 0 <= rank < self.np) or rank in self.started:
+        joining = self.growth.joiners is not None and rank in self.growth.joiners.waiting
+        known = (isinstance(rank, int) and 0 <= rank < self.np) or joining
+        if not known or rank in self.started:
             conn.close()
             return
-        conn.peer = rank
+        conn.peer = self.renumbering.first(rank)
         self.started[rank] = host
         self.connections[rank] = conn
         self.last_heard[rank] = time.monotonic()

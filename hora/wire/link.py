@@ -18,6 +18,7 @@ from typing import Any
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
     InPlace,
+    Joining,
     Metrics,
     Output,
     Reform,
@@ -44,12 +45,15 @@ class DriverLink:
         self.steps_reported = 0  # `report`'s own step count, for calls that give none
         #: set when the driver says that an elastic run has more slots (HostsUpdated)
         self.hosts_updated = threading.Event()
+        #: ... and that new ranks wait to join the running ones in place (not a restart)
+        self.grow_in_place = False
         #: the driver's latest word to re-form the world in place (`Reform`), and when it came
         self._reform: Reform | None = None
         self._reform_came = threading.Condition()
 
     def send(
-        self, message: Output | Stall | TimelineBatch | Metrics | Resumed | InPlace | Reformed
+        self,
+        message: Output | Stall | TimelineBatch | Metrics | Resumed | InPlace | Reformed | Joining,
     ) -> None:
         """Send one message; may raise OSError when the driver is gone."""
         self.conn.send(message)
@@ -67,9 +71,11 @@ class ResizeExit(BaseException):
         self.commit = commit
 
 
-def note_hosts_updated() -> None:
-    """The driver said more slots are free (the bootstrap's channel thread calls this)."""
+def note_hosts_updated(in_place: bool = False) -> None:
+    """The driver said more slots are free (the bootstrap's channel thread calls this);
+    `in_place`: new ranks wait to join this world at its next commit."""
     if _current is not None:
+        _current.grow_in_place = in_place
         _current.hosts_updated.set()
 
 
@@ -99,6 +105,18 @@ def wait_reform(after: int, timeout: float) -> Reform | None:
 def hosts_updated() -> bool:
     """Whether the driver has said, in this rank, that the elastic run can grow."""
     return _current is not None and _current.hosts_updated.is_set()
+
+
+def grows_in_place() -> bool:
+    """Whether the driver said that the run grows in place (new ranks join at the commit)."""
+    return hosts_updated() and _current is not None and _current.grow_in_place
+
+
+def hosts_heard() -> None:
+    """This rank re-formed into the larger world: the word is spent."""
+    if _current is not None:
+        _current.hosts_updated.clear()
+        _current.grow_in_place = False
 
 
 def current() -> DriverLink | None:
@@ -177,7 +195,7 @@ def _checked(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def send_to_driver(message: Stall | Resumed | InPlace | Reformed) -> bool:
+def send_to_driver(message: Stall | Resumed | InPlace | Reformed | Joining) -> bool:
     """Send one of hora's own messages (not the user's output) to the driver; False outside a
     hora worker. May raise OSError when the driver is gone."""
     link = _current

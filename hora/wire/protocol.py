@@ -10,7 +10,7 @@ Who sends what:
 
 - launcher -> worker process (one JSON line on its stdin): Boot
 - worker -> driver (the job's channel): Hello, Heartbeat, Output, Result, Error, TimelineBatch,
-  Stall, Stacks, Metrics, Resized, Resumed, InPlace, Reformed
+  Stall, Stacks, Metrics, Resized, Resumed, InPlace, Reformed, Joining
 - driver -> worker: Payload, DumpStacks, HostsUpdated, Reform
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
 - rank supervisor (a Spark task, a Ray actor) <-> its launcher: TaskReady, Output, Exited /
@@ -162,6 +162,14 @@ class InPlace(NamedTuple):
     rank: int
 
 
+class Joining(NamedTuple):
+    """A rank started to grow a running world in place has its job and waits at the new
+    world's rendezvous: once every new rank says so, the driver tells the running ones to
+    re-form at their next commit."""
+
+    rank: int
+
+
 class Reformed(NamedTuple):
     """Rank 0 of a world re-formed in place (generation `generation`, `size` ranks) restored
     and synced the state of commit `commit`: training goes on."""
@@ -188,12 +196,16 @@ class DumpStacks(NamedTuple):
 
 class HostsUpdated(NamedTuple):
     """More slots are free for this elastic run: stop at the next commit (Horovod's
-    HostsUpdatedInterrupt), so that the run grows."""
+    HostsUpdatedInterrupt), so that the run grows; `in_place`: new ranks wait to join, so
+    re-form there into the larger world (the `Reform` came first) instead of ending."""
+
+    in_place: bool = False
 
 
 class Reform(NamedTuple):
-    """Ranks were lost: re-form the world from the survivors in place, this process as `rank`
-    of `size` (its host's `local_rank` of `local_size`, host `cross_rank` of `cross_size`);
+    """The world changes in place (ranks were lost, or new ones wait to join it): re-form it,
+    this process as `rank` of `size` (its host's `local_rank` of `local_size`, host
+    `cross_rank` of `cross_size`);
     `generation` counts the run's re-formed worlds (a fresh rendezvous prefix for each)."""
 
     rank: int
@@ -299,6 +311,7 @@ DriverMessage = (
     | Resumed
     | InPlace
     | Reformed
+    | Joining
     | Exited
     | EngineFailed
 )
@@ -306,7 +319,7 @@ DriverMessage = (
 #: the only classes a job channel's frame may name (hora.wire.channel's allow-list)
 ALLOWED = allowed_classes(
     *(Hello, Heartbeat, Output, Result, Error, TimelineBatch, Stall, Stacks, Metrics),  # worker
-    *(Resized, Resumed, InPlace, Reformed),  # worker -> driver, elastic runs
+    *(Resized, Resumed, InPlace, Reformed, Joining),  # worker -> driver, elastic runs
     *(Payload, DumpStacks, HostsUpdated, Reform),  # driver -> worker
     *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
 )

@@ -108,13 +108,11 @@ def train(plan: Plan) -> dict[str, Any]:
     state = hvd.elastic.TorchState(net, opt, sampler=sampler, epoch=0, **extra)
     sizes: list[int] = []
     state.register_reset_callbacks([sizes.append])
-    calls = [0]  # loop's calls in this process: more than one after a world re-formed in place
 
     @hvd.elastic.run
     def loop(state: hvd.elastic.TorchState) -> None:
-        rank, world, call = hvd.rank(), hvd.size(), calls[0]
-        calls[0] += 1
-        log = _logger(Path(plan.folder, f"log-{attempt}-{call}-{rank}.jsonl"))
+        rank, world, generation = hvd.rank(), hvd.size(), _generation()
+        log = _logger(Path(plan.folder, f"log-{attempt}-{generation}-{rank}.jsonl"))
         start = state.commit_index
         log({"start": start, "epoch": state.epoch, "reset_sizes": list(sizes), "pid": os.getpid()})
         n = 0
@@ -142,7 +140,7 @@ def train(plan: Plan) -> dict[str, Any]:
                 )
                 n += 1
                 state.sampler.record_batch(i // plan.batch, plan.batch)
-                _maybe_fault(plan, attempt, call, rank, world, state.commit_index - start)
+                _maybe_fault(plan, attempt, generation, rank, world, state.commit_index - start)
                 time.sleep(plan.step_seconds)
                 if (i // plan.batch + 1) % plan.commit_every == 0:
                     if plan.wait_for_return and world < plan.full and not waited:
@@ -177,9 +175,19 @@ def _logger(path: Path) -> Any:
     return log
 
 
-def _maybe_fault(plan: Plan, attempt: int, call: int, rank: int, world: int, commits: int) -> None:
+def _generation() -> int:
+    """Which world of the attempt this is: 0 its first, then one more per world re-formed in
+    place (shrunk or grown; a rank that joined a grown world starts in it)."""
+    return int(os.environ.get("HORA_WORLD_GENERATION") or 0)
+
+
+def _maybe_fault(
+    plan: Plan, attempt: int, generation: int, rank: int, world: int, commits: int
+) -> None:
     """The fault, in the attempt's first world only (not again in one re-formed in place)."""
-    if plan.fault is None or (attempt, call) != (plan.fault_attempt, 0) or rank != world - 1:
+    if plan.fault is None or (attempt, generation) != (plan.fault_attempt, 0):
+        return
+    if rank != world - 1:
         return
     if commits != plan.fault_commit:
         return

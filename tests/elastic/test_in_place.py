@@ -1,9 +1,12 @@
 """A lost rank of an elastic run on the local engine: the survivors re-form the world in place,
-in the same processes, from the last in-memory commit (no restart, no settle time)."""
+in the same processes, from the last in-memory commit (no restart, no settle time); then the run
+grows back in place: a new rank joins the running ones, which keep their processes, and takes
+their state by broadcast (no restart, no commit store)."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import torch
 
@@ -13,35 +16,64 @@ from tests.elastic import _jobs
 SAMPLES = 96
 
 
-def test_a_killed_rank_s_survivors_train_on_in_place_in_the_same_processes(
+def test_a_killed_rank_s_survivors_train_on_in_place_and_grow_back_in_the_same_processes(
     tmp_path, monkeypatch, capfd
 ):
-    """np=3, min_np=2: rank 2 SIGKILLs itself mid-epoch; ranks 0 and 1 keep their processes,
-    become a world of 2 and finish. Every sample of every epoch is trained exactly once in the
-    final model, which equals one process trained on the same steps."""
-    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "30")  # a restart would be slow to show
-    plan = _jobs.Plan(str(tmp_path), full=3, samples=SAMPLES, fault="self", fault_commit=2)
+    """np=3, min_np=2, max_np=3: rank 2 SIGKILLs itself mid-epoch; ranks 0 and 1 keep their
+    processes and become a world of 2; the local engine has room for 3, so after the settle
+    time a new rank 2 starts and, at the survivors' next commit (held until it waits to join),
+    the three re-form a world of 3 and finish. Every sample of every epoch is trained exactly
+    once in the final model, which equals one process trained on the same steps."""
+    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
+    Path(tmp_path, _jobs.BACK_MARK).touch()  # the local engine's slots are always there
+    # a commit every 3 steps, the kill after the first: 36 samples done at 3 ranks, 24 at 2,
+    # and the 36 left of the epoch deal evenly to 3 ranks (no padding repeats one)
+    plan = _jobs.Plan(
+        str(tmp_path),
+        full=3,
+        samples=SAMPLES,
+        commit_every=3,
+        fault="self",
+        fault_commit=1,
+        wait_for_return=True,
+    )
     results = hora.run(_jobs.train, (plan,), np=3, min_np=2, timeout=240)
     steps, worlds, starts = _jobs.kept_steps(str(tmp_path))
     logs = _jobs.read_logs(str(tmp_path))
-    assert sorted(logs) == [(0, 0), (0, 1)], sorted(logs)  # one attempt, re-formed once
-    assert worlds == [3, 2], worlds
-    assert starts[0] == 0 and starts[1] > 0, starts
-    first_pids = {r: logs[0, 0][r][0]["pid"] for r in range(3)}
-    again_pids = {r: logs[0, 1][r][0]["pid"] for r in range(2)}
-    assert again_pids == {0: first_pids[0], 1: first_pids[1]}, (first_pids, again_pids)
-    assert sorted(r["pid"] for r in results) == sorted(again_pids.values())
+    # one attempt: its first world, shrunk in place, grown back in place
+    assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)
+    assert worlds == [3, 2, 3], worlds
+    assert starts[0] == 0 and 0 < starts[1] < starts[2], starts
+    pids = {life: {r: e[0]["pid"] for r, e in ranks.items()} for life, ranks in logs.items()}
+    survivors = {0: pids[0, 0][0], 1: pids[0, 0][1]}
+    assert {r: pids[0, 1][r] for r in (0, 1)} == survivors, pids
+    assert {r: pids[0, 2][r] for r in (0, 1)} == survivors, pids
+    assert pids[0, 2][2] not in (*survivors.values(), pids[0, 0][2]), pids  # a new process
+    assert [r["pid"] for r in results] == [survivors[0], survivors[1], pids[0, 2][2]]
     assert _jobs.samples_per_epoch(steps) == {e: list(range(SAMPLES)) for e in range(plan.epochs)}
     want = _jobs.reference(plan, steps)
-    assert [r["world"] for r in results] == [2, 2]
+    assert [r["world"] for r in results] == [3, 3, 3]
     for r in results:
         for key, value in want.items():
             torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-10)
-    assert logs[0, 1][0][0]["reset_sizes"] == [2]  # the reset callbacks got the new size
+    # the reset callbacks got the new size on every rank, the new one included
+    assert logs[0, 1][0][0]["reset_sizes"] == [2]
+    assert logs[0, 2][0][0]["reset_sizes"] == [2, 3]
+    assert logs[0, 2][2][0]["reset_sizes"] == [3]
+    assert {logs[0, 2][r][0]["start"] for r in range(3)} == {starts[2]}  # the new one's too
     err = capfd.readouterr().err
-    assert "hora: restarting" not in err, err
+    assert "hora: restarting" not in err and "hora: resizing from" not in err, err
     assert re.search(
         r"hora: resized in place from 3 to 2 ranks in [0-9.]+ s \(rank 2 failed: killed by "
         rf"signal 9 \(SIGKILL\)\); the ranks went on from commit {starts[1]}",
+        err,
+    ), err
+    assert (
+        "hora: growing in place from 2 to 3 ranks (free slots for 3 ranks): starting rank 2; "
+        "the running ranks keep their processes"
+    ) in err, err
+    assert re.search(
+        r"hora: resized in place from 2 to 3 ranks in [0-9.]+ s \(free slots for 3 ranks\); "
+        rf"the ranks went on from commit {starts[2]}",
         err,
     ), err

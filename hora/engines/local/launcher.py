@@ -24,32 +24,48 @@ def capacity(spec: AttemptSpec, held: int) -> int:
 class LocalLauncher(Launcher):
     channel_host = LOOPBACK
     reforms_in_place = True  # a dead process takes nothing of the others with it
+    grows_in_place = True  # a new process joins the running ones through the same store
 
     def __init__(self, spec: AttemptSpec) -> None:
         self.spec = spec
         self._workers: list[WorkerProcess] = []
         self._store: Any = None
         self._port = 0
+        self._ctx: LaunchContext | None = None
 
     def start(self, ctx: LaunchContext) -> None:
         self._store, port = host_store(LOOPBACK)
-        self._port = port
+        self._port, self._ctx = port, ctx
         for place in environment.placements([LOOPBACK] * self.spec.np):
             self._workers.append(_start_worker(ctx, place, port, self.spec.env))
+
+    def add(
+        self, ranks: list[tuple[int, environment.RankPlacement]], env: Mapping[str, str]
+    ) -> None:
+        if self._ctx is None:
+            raise RuntimeError("the local launcher adds ranks only to a started attempt")
+        for ident, place in ranks:
+            worker_env = {**self.spec.env, **env}
+            self._workers.append(_start_worker(self._ctx, place, self._port, worker_env, ident))
 
     def stop(self) -> None:
         stop_all(self._workers, STOP_GRACE_SECONDS)
         if self._workers:
             remove_segments_left((LOOPBACK, self._port))
         self._workers = []
-        self._store = None
+        self._store = self._ctx = None
 
 
 def _start_worker(
-    ctx: LaunchContext, place: environment.RankPlacement, port: int, env: Mapping[str, str]
+    ctx: LaunchContext,
+    place: environment.RankPlacement,
+    port: int,
+    env: Mapping[str, str],
+    ident: int | None = None,
 ) -> WorkerProcess:
-    """One rank's process; its output and exit reach the driver as that rank's."""
-    rank = place.rank
+    """One rank's process; its output and exit reach the driver as that rank's (`ident`, where
+    it joins a world grown in place: the id the driver knows it by)."""
+    rank = place.rank if ident is None else ident
     return WorkerProcess(
         ctx.boot(rank),
         environment.worker_env(place, LOOPBACK, port, user_env=env),

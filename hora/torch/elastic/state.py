@@ -72,8 +72,10 @@ class _OptimizerHandler(_Handler):
 
 class _SamplerHandler(_Handler):
     def sync(self) -> None:
-        # Samples any rank recorded count as processed; rank 0's epoch wins.
-        processed = set().union(*allgather_object(set(self.value.processed_indices)))
+        # Samples any rank recorded count as processed, with the batches every rank has done
+        # since the last partition (a sync at a commit, when the world grows); rank 0's epoch
+        # wins.
+        processed = set().union(*allgather_object(self.value.processed_everywhere()))
         state = dict(self.value.state_dict(), processed_indices=processed)
         self.value.load_state_dict(broadcast_object(state, root_rank=0, name="elastic.sampler"))
 

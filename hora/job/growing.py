@@ -1,0 +1,149 @@
+"""An elastic attempt that grows in place: the running ranks keep their processes.
+
+When the growth watch sees free slots and every running rank can re-form in place (`InPlace`),
+the monitor does not ask the ranks to stop and restart: the engine starts the new ranks
+(numbered after the running ones, which keep their ranks) with the larger world's coordinates
+and its generation; each, once it has its job and called `init()`, waits at that world's
+rendezvous and says so (`Joining`). Then the running ranks are told their place in the larger
+world (`Reform`) and to re-form at their next commit (`HostsUpdated(in_place=True)`): there the
+new ranks take the running ones' state by broadcast (`state.sync()`), and rank 0 says when
+training goes on (`Reformed`, `hora.job.in_place`). Until every new rank waits, a failure
+anywhere fails the attempt (the restart path resumes from the commit store).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from typing import Any, NamedTuple
+
+from hora import environment
+from hora.job.failures import Failure
+from hora.job.in_place import Renumbering, Watched
+from hora.wire.protocol import HostsUpdated, Joining, Reform
+
+
+class GrowingInPlace(NamedTuple):
+    """The driver's own record for its callbacks (the timeline): new ranks were started."""
+
+    before: int
+    size: int
+    why: str
+
+
+class Joiners:
+    """The new ranks of one growth, from their start until each waits at the rendezvous."""
+
+    def __init__(self, before: int, size: int, generation: int, deadline: float, why: str):
+        self.before, self.size, self.generation = before, size, generation
+        self.since = time.time()
+        self.deadline = deadline  # time.monotonic() by which every new rank must wait
+        self.why = why
+        self.waiting = set(range(before, size))  # ranks (in the larger world) not there yet
+
+
+class Growth:
+    """The monitor's side of growing in place: which ids new ranks get, which are on their way."""
+
+    def __init__(self, np: int) -> None:
+        self.next_id = np  # ids name a rank's process to the driver; never one used before
+        self.joiners: Joiners | None = None
+
+    def start(
+        self,
+        watched: Watched,
+        renumbering: Renumbering,
+        group: Any,
+        size: int,
+        start_timeout: float,
+    ) -> GrowingInPlace | None:
+        """Start ranks for a world of `size` when every running rank can re-form in place;
+        None (nothing started) when they cannot."""
+        before = watched.np
+        if not self._possible(watched, renumbering, group, size):
+            return None
+        renumbering.generation += 1
+        ids = {self.next_id + i: rank for i, rank in enumerate(range(before, size))}
+        self.next_id += len(ids)
+        renumbering.now.update(ids)
+        hosts = [watched.started[r] for r in range(before)]
+        places = environment.placements(hosts + [hosts[0]] * len(ids))  # the local engine's
+        why = f"free slots for {size} ranks"
+        self.joiners = Joiners(
+            before, size, renumbering.generation, time.monotonic() + start_timeout, why
+        )
+        env = {environment.GENERATION_VAR: str(renumbering.generation)}
+        group.add([(ident, places[rank]) for ident, rank in ids.items()], env)
+        added = ", ".join(str(r) for r in ids.values())
+        _say(
+            f"growing in place from {before} to {size} ranks ({why}): starting rank"
+            f"{'s' * (len(ids) > 1)} {added}; the running ranks keep their processes"
+        )
+        return GrowingInPlace(before, size, why)
+
+    @staticmethod
+    def _possible(watched: Watched, renumbering: Renumbering, group: Any, size: int) -> bool:
+        running = range(watched.np)
+        return (
+            size > watched.np
+            and renumbering.min_np is not None
+            and bool(getattr(group, "grows_in_place", False))
+            and renumbering.reforming is None
+            and not watched.failures
+            and all(r in renumbering.in_place and r in watched.connections for r in running)
+        )
+
+    def report(self, watched: Watched, renumbering: Renumbering, message: Any) -> Any:
+        """Take a new rank's word that it waits (None), or hand `message` on as it is."""
+        if isinstance(message, Joining):
+            self._joined(watched, renumbering, message.rank)
+            return None
+        return message
+
+    def _joined(self, watched: Watched, renumbering: Renumbering, rank: int) -> None:
+        """New rank `rank` waits at the rendezvous; once all do, the running ranks re-form."""
+        joiners = self.joiners
+        if joiners is None:
+            return
+        joiners.waiting.discard(rank)
+        if joiners.waiting:
+            return
+        self.joiners = None
+        watched.np = joiners.size
+        renumbering.reforming = (joiners.since, joiners.before, joiners.why)
+        places = environment.placements([watched.started[r] for r in range(joiners.size)])
+        for rank in range(joiners.before):  # every Reform before any HostsUpdated
+            p = places[rank]
+            order = Reform(
+                rank, p.size, p.local_rank, p.local_size, p.cross_rank, p.cross_size,
+                joiners.generation,
+            )  # fmt: skip
+            with contextlib.suppress(OSError):
+                watched.connections[rank].send(order)
+        for rank in range(joiners.before):
+            with contextlib.suppress(OSError):
+                watched.connections[rank].send(HostsUpdated(in_place=True))
+
+    def late(self, watched: Watched, now: float) -> None:
+        """New ranks that did not reach the rendezvous in start_timeout fail the attempt."""
+        joiners = self.joiners
+        if joiners is None or now < joiners.deadline:
+            return
+        for rank in sorted(joiners.waiting):
+            watched.failures.setdefault(
+                rank,
+                Failure(
+                    rank,
+                    "did not reach the larger world's rendezvous within start_timeout (it was "
+                    f"started to grow the run in place from {joiners.before} to {joiners.size} "
+                    "ranks)",
+                    "",
+                    False,
+                    time.time(),
+                ),
+            )
+
+
+def _say(text: str) -> None:
+    print(f"hora: {text}", file=sys.stderr, flush=True)
