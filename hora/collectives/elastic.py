@@ -262,7 +262,7 @@ def run(
         limit = int(os.environ.get(RESET_LIMIT_ENV, DEFAULT_RESET_LIMIT))
         resets = 0
         _resume(state)
-        reformable = in_place and state.reforms_in_place() and _announce_in_place()
+        reformable = _announce_in_place(in_place and state.reforms_in_place())
         while True:
             order: Reform | None = None
             try:
@@ -295,16 +295,16 @@ def run(
 _generation = 0  # the last re-formed world this process joined
 
 
-def _announce_in_place() -> bool:
-    """Tell the driver that this rank can re-form in place (a hora rank of an elastic run,
-    on a default group hora made); False where it cannot."""
+def _announce_in_place(able: bool) -> bool:
+    """Tell the driver whether this rank can re-form in place (a hora rank of an elastic run,
+    on a default group hora made, with a state that allows it), so that it grows the run in
+    place or by a restart; False where it cannot."""
     driver = link.current()
-    if driver is None or not environment.current().elastic or not owns_default_group():
+    if driver is None or not environment.current().elastic:
         return False
-    if os.environ.get(IN_PLACE_ENV, "1") == "0":
-        return False
-    link.send_to_driver(InPlace(driver.rank))
-    return True
+    able = able and owns_default_group() and os.environ.get(IN_PLACE_ENV, "1") != "0"
+    link.send_to_driver(InPlace(driver.rank, able))
+    return able
 
 
 def _await_reform() -> Reform | None:
@@ -362,8 +362,13 @@ def _grown(state: State, interrupt: HostsUpdatedInterrupt, reformable: bool) -> 
 
 def _sync_world(state: State) -> None:
     """Every rank of a world re-formed in place, new ones included, takes rank 0's state: its
-    commit count, then (after the reset callbacks, with the new size) what `sync()` sends."""
-    state._commits.index = broadcast_object(state._commits.index, 0, "elastic.commit_index")
+    commit count and `hora.report`'s step count, then (after the reset callbacks, with the new
+    size) what `sync()` sends."""
+    driver = link.current()
+    counts = (state._commits.index, driver.steps_reported if driver is not None else 0)
+    state._commits.index, steps = broadcast_object(counts, 0, "elastic.world")
+    if driver is not None:
+        driver.steps_reported = steps
     state.on_reset()
     state.sync()
 

@@ -64,7 +64,7 @@ class Monitor(Protocol):
     def state(self) -> AttemptState: ...
 
     @property
-    def resizing(self) -> bool: ...
+    def may_grow(self) -> bool: ...
 
     def send_all(self, message: Any) -> None:
         """Send `message` to every rank whose channel is still open."""
@@ -170,7 +170,7 @@ class WatchGrowth(MonitorCallback):
         self.restart = restart  # the budget has an attempt left to grow into
 
     def on_tick(self, monitor: Monitor, now: float) -> None:
-        if monitor.state is not AttemptState.RUNNING or monitor.resizing:
+        if monitor.state is not AttemptState.RUNNING or not monitor.may_grow:
             return
         if monitor.np != self.growth.np:
             self.growth = GrowthWatch(monitor.np, self.growth.capacity, self.growth.steady)

@@ -82,6 +82,15 @@ class Growth:
         )
         return GrowingInPlace(before, size, why)
 
+    def ready(self, watched: Watched, renumbering: Renumbering) -> bool:
+        """No resize in place is under way and, where the engine re-forms worlds, every rank
+        has said whether it can (its hvd.elastic.run has started): only then is a growth
+        judged, in place or by a restart, so the choice does not race the ranks' start."""
+        if self.joiners is not None or renumbering.reforming is not None:
+            return False
+        said = renumbering.in_place | renumbering.cannot
+        return renumbering.min_np is None or all(r in said for r in range(watched.np))
+
     @staticmethod
     def _possible(watched: Watched, renumbering: Renumbering, group: Any, size: int) -> bool:
         running = range(watched.np)

@@ -76,6 +76,7 @@ class Renumbering:
         self.min_np = min_np
         self.now: dict[int, int] = {r: r for r in range(np)}  # first rank -> rank now
         self.in_place: set[int] = set()  # ranks (now) whose hvd.elastic.run can re-form
+        self.cannot: set[int] = set()  # ... and those whose hvd.elastic.run said it cannot
         self.generation = 0  # worlds re-formed in place so far
         self.reforming: tuple[float, int, str] | None = None  # (since, from np, why)
 
@@ -96,8 +97,8 @@ class Renumbering:
         """Take the ranks' word on re-forming: what the monitor hands its callbacks of it (a
         `ResizedInPlace` for a `Reformed`), None for nothing; any other `message` as it is."""
         match message:
-            case InPlace(rank=rank):
-                self.in_place.add(rank)
+            case InPlace(rank=rank, able=able):
+                (self.in_place if able else self.cannot).add(rank)
                 return None
             case Reformed(generation=generation, size=size, commit=commit):
                 return self._reformed(generation, size, commit)
@@ -125,6 +126,7 @@ class Renumbering:
         before = watched.np
         self.now = {first: new[now] for first, now in self.now.items() if now in new}
         self.in_place = {new[r] for r in self.in_place if r in new}
+        self.cannot = set()  # every survivor could
         self.generation += 1
         self.reforming = (since, before, why)
 

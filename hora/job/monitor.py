@@ -194,9 +194,9 @@ class Monitor:
 
     # -- growing in place (`hora.job.growing`) ----------------------------------------------
     @property
-    def resizing(self) -> bool:
-        """A resize in place is under way (new ranks on their way, or a world re-forming)."""
-        return self.growth.joiners is not None or self.renumbering.reforming is not None
+    def may_grow(self) -> bool:
+        """Whether the growth watch may judge now (`hora.job.growing.Growth.ready`)."""
+        return self.growth.ready(self, self.renumbering)
 
     def grow_in_place(self, size: int) -> bool:
         """Start new ranks for a world of `size` that the running ranks re-form into at their

@@ -156,10 +156,12 @@ class Resumed(NamedTuple):
 
 
 class InPlace(NamedTuple):
-    """The rank runs in `hvd.elastic.run` and can re-form its world in place: when another rank
-    is lost, the driver may renumber it (`Reform`) instead of stopping it."""
+    """The rank runs in `hvd.elastic.run`; `able`: it can re-form its world in place, so when
+    another rank is lost the driver may renumber it (`Reform`) instead of stopping it, and grow
+    the run without stopping it; else the run grows by a restart."""
 
     rank: int
+    able: bool = True
 
 
 class Joining(NamedTuple):

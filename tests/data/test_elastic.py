@@ -16,6 +16,8 @@ ROWS = 600
 
 def test_a_run_resized_mid_epoch_trains_each_row_once_per_epoch(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
+    # the restart path: the job reads its rank and size once, before hvd.elastic.run
+    monkeypatch.setenv("HORA_ELASTIC_IN_PLACE", "0")
     dataset = write_ids(tmp_path / "data")
     folder = tmp_path / "logs"
     folder.mkdir()
