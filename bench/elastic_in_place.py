@@ -1,9 +1,16 @@
-"""A lost local rank: in place against today's restart, on this machine (no cluster).
+"""Resizing a local elastic run in place against today's restart, on this machine (no cluster).
 
 The elastic tests' job (`tests/elastic/_jobs.py`: a small MLP, 0.05 s per step, a commit every
-2 steps) at np=3, min_np=2; its last rank SIGKILLs itself after its second commit. Seconds from
-the kill to the first step of the world that trains on: the survivors re-formed in place, or
-(`HORA_ELASTIC_IN_PLACE=0`) every rank restarted after the settle time (locally at max_np=3).
+2 steps), two measures:
+
+- lost: np=3, min_np=2; its last rank SIGKILLs itself after its second commit. Seconds from the
+  kill to the first step of the world that trains on: the survivors re-formed in place, or
+  (`HORA_ELASTIC_IN_PLACE=0`) every rank restarted after the settle time (locally at max_np=3).
+- grown: np=2, min_np=2, max_np=3 (the local engine has room for 3, so the run grows once the
+  settle time passed). Seconds from the driver's growth decision (its growth watch firing) to the
+  first step at 3 ranks: a new rank started and joined at the running ranks' next commit, or
+  every rank stopped at that commit and 3 restarted from it. The running ranks hold their first
+  commit until the driver's word arrives, so the growth happens there in both.
 
     .venv/bin/python bench/elastic_in_place.py
 
@@ -15,10 +22,34 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import hora
+from hora.job.elastic import GrowthWatch
 from tests.elastic import _jobs
+
+_decided: list[float] = []  # when a growth watch fired (time.time())
+_due = GrowthWatch.due
+
+
+def _noting_due(self: GrowthWatch, now: float) -> bool:
+    fired = _due(self, now)
+    if fired:
+        _decided.append(time.time())
+    return fired
+
+
+GrowthWatch.due = _noting_due  # type: ignore[method-assign]
+
+
+def _steps(folder: str) -> list[dict]:
+    return [
+        entry
+        for path in Path(folder).glob("log-*.jsonl")
+        for entry in map(json.loads, path.read_text().splitlines())
+        if "t" in entry
+    ]
 
 
 def kill_to_next_world(in_place: bool) -> float:
@@ -38,11 +69,26 @@ def kill_to_next_world(in_place: bool) -> float:
     return min(times) - killed
 
 
+def decision_to_full_world(in_place: bool) -> float:
+    folder = tempfile.mkdtemp(prefix="hora-bench-grow-")
+    os.environ["HORA_ELASTIC_IN_PLACE"] = "1" if in_place else "0"
+    Path(folder, _jobs.BACK_MARK).touch()  # the local engine's slots are always there
+    plan = _jobs.Plan(folder, full=3, wait_for_return=True)
+    _decided.clear()
+    hora.run(_jobs.train, (plan,), np=2, min_np=2, max_np=3, timeout=240)
+    decided = _decided[0]
+    return min(e["t"] for e in _steps(folder) if e["world"] == 3 and e["t"] > decided) - decided
+
+
 def main() -> None:
+    os.environ["HORA_ELASTIC_SETTLE_SECONDS"] = os.environ.get("HORA_ELASTIC_SETTLE_SECONDS", "5")
     for in_place, name in ((True, "in place"), (False, "restart (settle 5 s)")):
         print(
             f"{name:>22}: kill -> first step of the next world {kill_to_next_world(in_place):.2f} s"
         )
+    for in_place, name in ((True, "grown in place"), (False, "grown by a restart")):
+        seconds = decision_to_full_world(in_place)
+        print(f"{name:>22}: growth decision -> first step at 3 ranks {seconds:.2f} s")
 
 
 if __name__ == "__main__":

@@ -108,8 +108,8 @@ class Commits:
         1 by a restart, `GROW_IN_PLACE` with new ranks that wait to join."""
         if not self.elastic:
             return 0
-        word = GROW_IN_PLACE if link.grows_in_place() else int(link.hosts_updated())
-        flag = torch.tensor([word], dtype=torch.int32)
+        word = link.growth_word(_generation)
+        flag = torch.tensor([min(word, GROW_IN_PLACE)], dtype=torch.int32)
         broadcast_(flag, 0, "elastic.hosts_updated")
         return int(flag.item())
 
@@ -356,7 +356,6 @@ def _grown(state: State, interrupt: HostsUpdatedInterrupt, reformable: bool) -> 
     order = _await_reform() if reformable and interrupt.in_place else None
     if order is None:
         _end_for_resize(state)
-    link.hosts_heard()
     return order
 
 

@@ -5,7 +5,7 @@ the monitor does not ask the ranks to stop and restart: the engine starts the ne
 (numbered after the running ones, which keep their ranks) with the larger world's coordinates
 and its generation; each, once it has its job and called `init()`, waits at that world's
 rendezvous and says so (`Joining`). Then the running ranks are told their place in the larger
-world (`Reform`) and to re-form at their next commit (`HostsUpdated(in_place=True)`): there the
+world (`Reform`) and to re-form at their next commit (`HostsUpdated(generation)`): there the
 new ranks take the running ones' state by broadcast (`state.sync()`), and rank 0 says when
 training goes on (`Reformed`, `hora.job.in_place`). Until every new rank waits, a failure
 anywhere fails the attempt (the restart path resumes from the commit store).
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections import deque
 from typing import Any, NamedTuple
 
 from hora import environment
@@ -46,9 +47,15 @@ class Joiners:
 class Growth:
     """The monitor's side of growing in place: which ids new ranks get, which are on their way."""
 
-    def __init__(self, np: int) -> None:
+    def __init__(self, np: int, tail_lines: int) -> None:
         self.next_id = np  # ids name a rank's process to the driver; never one used before
         self.joiners: Joiners | None = None
+        self.tail_lines = tail_lines  # how much of a new rank's output its story keeps
+        self.start_timeout = 0.0  # the attempt's: how long new ranks have to reach the world
+
+    def expects(self, rank: int) -> bool:
+        """Whether `rank` (numbered now) is a new rank on its way."""
+        return self.joiners is not None and rank in self.joiners.waiting
 
     def start(
         self,
@@ -56,7 +63,6 @@ class Growth:
         renumbering: Renumbering,
         group: Any,
         size: int,
-        start_timeout: float,
     ) -> GrowingInPlace | None:
         """Start ranks for a world of `size` when every running rank can re-form in place;
         None (nothing started) when they cannot."""
@@ -71,8 +77,10 @@ class Growth:
         places = environment.placements(hosts + [hosts[0]] * len(ids))  # the local engine's
         why = f"free slots for {size} ranks"
         self.joiners = Joiners(
-            before, size, renumbering.generation, time.monotonic() + start_timeout, why
+            before, size, renumbering.generation, time.monotonic() + self.start_timeout, why
         )
+        for rank in ids.values():
+            watched.tails[rank] = deque(maxlen=self.tail_lines)
         env = {environment.GENERATION_VAR: str(renumbering.generation)}
         group.add([(ident, places[rank]) for ident, rank in ids.items()], env)
         added = ", ".join(str(r) for r in ids.values())
@@ -132,7 +140,7 @@ class Growth:
                 watched.connections[rank].send(order)
         for rank in range(joiners.before):
             with contextlib.suppress(OSError):
-                watched.connections[rank].send(HostsUpdated(in_place=True))
+                watched.connections[rank].send(HostsUpdated(joiners.generation))
 
     def late(self, watched: Watched, now: float) -> None:
         """New ranks that did not reach the rendezvous in start_timeout fail the attempt."""

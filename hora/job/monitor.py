@@ -109,8 +109,7 @@ class Monitor:
         #: an elastic attempt whose engine can re-form it: the fewest ranks it may shrink to in
         #: place (None: a lost rank ends the attempt, as on any engine)
         self.renumbering = Renumbering(np, in_place_min_np)
-        self.growth = Growth(np)  # new ranks started to grow the attempt in place
-        self.start_timeout = 0.0  # the attempt's (Limits), for new ranks of a growth in place
+        self.growth = Growth(np, TAIL_LINES)  # new ranks started to grow the attempt in place
         self.state = AttemptState.STARTING
         for callback in self.callbacks:
             callback.on_state(self, None, self.state)
@@ -145,7 +144,7 @@ class Monitor:
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
         start_deadline = time.monotonic() + limits.start_timeout
-        self.start_timeout = limits.start_timeout
+        self.growth.start_timeout = limits.start_timeout
         self._all_done_at: float | None = None
         while True:
             now = time.monotonic()
@@ -201,14 +200,10 @@ class Monitor:
     def grow_in_place(self, size: int) -> bool:
         """Start new ranks for a world of `size` that the running ranks re-form into at their
         next commit; False when they cannot (the run may grow by a restart instead)."""
-        record = self.growth.start(self, self.renumbering, self.group, size, self.start_timeout)
-        if record is None:
-            return False
-        for rank in range(record.before, record.size):
-            self.tails[rank] = deque(maxlen=TAIL_LINES)
-        for callback in self.callbacks:
+        record = self.growth.start(self, self.renumbering, self.group, size)
+        for callback in self.callbacks if record is not None else ():
             callback.on_report(record)
-        return True
+        return record is not None
 
     def _check_limits(self, limits: Limits, start_deadline: float, now: float) -> None:
         """Raise RunTimeoutError when the ranks did not all start in time, or the run's timeout
@@ -301,8 +296,7 @@ class Monitor:
 
     def _hello(self, conn: Connection, rank: int, host: str) -> None:
         """A rank connected: it gets the job, unless the rank is unknown or already here."""
-        joining = self.growth.joiners is not None and rank in self.growth.joiners.waiting
-        known = (isinstance(rank, int) and 0 <= rank < self.np) or joining
+        known = (isinstance(rank, int) and 0 <= rank < self.np) or self.growth.expects(rank)
         if not known or rank in self.started:
             conn.close()
             return

@@ -68,7 +68,7 @@ def _watch_driver(conn: channel.Connection, rank: int, done: threading.Event) ->
             if isinstance(message, DumpStacks):
                 conn.send(Stacks(rank, stacks.dump(skip=threading.current_thread())))
             elif isinstance(message, HostsUpdated):
-                link.note_hosts_updated(message.in_place)
+                link.note_hosts_updated(message.generation)
             elif isinstance(message, Reform):
                 link.note_reform(message)
     if not done.is_set():

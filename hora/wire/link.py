@@ -45,8 +45,8 @@ class DriverLink:
         self.steps_reported = 0  # `report`'s own step count, for calls that give none
         #: set when the driver says that an elastic run has more slots (HostsUpdated)
         self.hosts_updated = threading.Event()
-        #: ... and that new ranks wait to join the running ones in place (not a restart)
-        self.grow_in_place = False
+        #: ... and, > 0, the world re-formed in place that new ranks wait in (not a restart)
+        self.grow_into = 0
         #: the driver's latest word to re-form the world in place (`Reform`), and when it came
         self._reform: Reform | None = None
         self._reform_came = threading.Condition()
@@ -71,11 +71,12 @@ class ResizeExit(BaseException):
         self.commit = commit
 
 
-def note_hosts_updated(in_place: bool = False) -> None:
+def note_hosts_updated(generation: int = 0) -> None:
     """The driver said more slots are free (the bootstrap's channel thread calls this);
-    `in_place`: new ranks wait to join this world at its next commit."""
+    `generation` > 0: new ranks wait to join the running ones in that world at their next
+    commit."""
     if _current is not None:
-        _current.grow_in_place = in_place
+        _current.grow_into = generation
         _current.hosts_updated.set()
 
 
@@ -107,16 +108,15 @@ def hosts_updated() -> bool:
     return _current is not None and _current.hosts_updated.is_set()
 
 
-def grows_in_place() -> bool:
-    """Whether the driver said that the run grows in place (new ranks join at the commit)."""
-    return hosts_updated() and _current is not None and _current.grow_in_place
-
-
-def hosts_heard() -> None:
-    """This rank re-formed into the larger world: the word is spent."""
-    if _current is not None:
-        _current.hosts_updated.clear()
-        _current.grow_in_place = False
+def growth_word(world: int) -> int:
+    """What the driver said of growing, for a rank in world `world` (its generation): 0
+    nothing (or a growth into this world or an older one, already done), 1 grow by a restart,
+    else the world re-formed in place to grow into."""
+    link = _current
+    if link is None or not link.hosts_updated.is_set():
+        return 0
+    into = link.grow_into
+    return 1 if not into else (into if into > world else 0)
 
 
 def current() -> DriverLink | None:

@@ -198,10 +198,10 @@ class DumpStacks(NamedTuple):
 
 class HostsUpdated(NamedTuple):
     """More slots are free for this elastic run: stop at the next commit (Horovod's
-    HostsUpdatedInterrupt), so that the run grows; `in_place`: new ranks wait to join, so
-    re-form there into the larger world (the `Reform` came first) instead of ending."""
+    HostsUpdatedInterrupt), so that the run grows; `generation` > 0: new ranks wait to join,
+    so re-form there into that larger world (its `Reform` came first) instead of ending."""
 
-    in_place: bool = False
+    generation: int = 0
 
 
 class Reform(NamedTuple):
