@@ -52,7 +52,6 @@ REFORM_WAIT_ENV = "HORA_ELASTIC_REFORM_WAIT_SECONDS"
 DEFAULT_REFORM_WAIT = 10.0
 #: "0": never re-form in place; a lost rank restarts every rank, as before in-place recovery
 IN_PLACE_ENV = "HORA_ELASTIC_IN_PLACE"
-GROW_IN_PLACE = 2  # rank 0's word at a commit: new ranks wait to join this world
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -105,11 +104,10 @@ class Commits:
 
     def hosts_updated(self) -> int:
         """Rank 0's word, on every rank, on whether the driver asked the run to grow: 0 no,
-        1 by a restart, `GROW_IN_PLACE` with new ranks that wait to join."""
+        `link.GROW_BY_RESTART`, `link.GROW_IN_PLACE` (new ranks wait to join)."""
         if not self.elastic:
             return 0
-        word = link.growth_word(_generation)
-        flag = torch.tensor([min(word, GROW_IN_PLACE)], dtype=torch.int32)
+        flag = torch.tensor([link.growth_word(_generation)], dtype=torch.int32)
         broadcast_(flag, 0, "elastic.hosts_updated")
         return int(flag.item())
 
@@ -151,7 +149,7 @@ class State:
         """Raise HostsUpdatedInterrupt (on every rank alike) when the driver asked to grow."""
         word = self._commits.hosts_updated()
         if word:
-            raise HostsUpdatedInterrupt(skip_sync=False, in_place=word == GROW_IN_PLACE)
+            raise HostsUpdatedInterrupt(skip_sync=False, in_place=word == link.GROW_IN_PLACE)
 
     @property
     def commit_index(self) -> int:

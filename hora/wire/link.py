@@ -108,15 +108,20 @@ def hosts_updated() -> bool:
     return _current is not None and _current.hosts_updated.is_set()
 
 
+GROW_BY_RESTART, GROW_IN_PLACE = 1, 2
+
+
 def growth_word(world: int) -> int:
     """What the driver said of growing, for a rank in world `world` (its generation): 0
-    nothing (or a growth into this world or an older one, already done), 1 grow by a restart,
-    else the world re-formed in place to grow into."""
+    nothing (or a growth into this world or an older one, already done), GROW_BY_RESTART, or
+    GROW_IN_PLACE (new ranks wait in a later world)."""
     link = _current
     if link is None or not link.hosts_updated.is_set():
         return 0
     into = link.grow_into
-    return 1 if not into else (into if into > world else 0)
+    if not into:
+        return GROW_BY_RESTART
+    return GROW_IN_PLACE if into > world else 0
 
 
 def current() -> DriverLink | None:

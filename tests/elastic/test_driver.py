@@ -8,6 +8,7 @@ import json
 import threading
 import time
 
+import cloudpickle
 import pytest
 
 from hora import engines
@@ -16,7 +17,20 @@ from hora.engines.base import AttemptSpec
 from hora.errors import WorkerFailedError
 from hora.job.driver import Attempt, Job
 from hora.job.elastic import GrowthWatch
-from hora.wire.protocol import Exited, Hello, HostsUpdated, Resized, Resumed, TimelineBatch
+from hora.wire import link
+from hora.wire.protocol import (
+    Exited,
+    Hello,
+    HostsUpdated,
+    InPlace,
+    Joining,
+    Reform,
+    Reformed,
+    Resized,
+    Result,
+    Resumed,
+    TimelineBatch,
+)
 from tests.job.test_restart_policy import FakeConnection, FakeGroup, hellos, sigkilled, succeeds
 
 
@@ -175,3 +189,106 @@ def test_the_timeline_marks_each_resize_and_the_commit_resumed_from(tmp_path):
     assert "killed by signal 9" in marks[0][1]["why"]
     assert marks[1][1] == {"commit": 5, "made_by": 4}
     assert (marks[2][1]["from"], marks[2][1]["to"], marks[2][1]["commit"]) == (3, 4, 7)
+
+
+class GrowsInPlace(FakeGroup):
+    """Two ranks of an engine that grows in place; `able`: what their hvd.elastic.run says.
+    Added ranks say at once that they wait; once told (HostsUpdated naming world 1), rank 0
+    says training went on at 3 ranks from commit 4, and all three return."""
+
+    reforms_in_place = grows_in_place = True
+
+    def __init__(self, able: bool) -> None:
+        super().__init__([], {})
+        self.able = able
+        self.added: list[tuple[int, object]] = []
+        self.add_env: dict[str, str] = {}
+
+    def start(self) -> None:
+        self.started = True
+        self.conns = [FakeConnection() for _ in range(2)]
+        for rank, conn in enumerate(self.conns):
+            self.events.put((conn, Hello(rank, 1000 + rank, "fakehost")))
+            self.events.put((conn, InPlace(rank, self.able)))
+        threading.Thread(target=self._answer, daemon=True).start()
+
+    def add(self, ranks, env) -> None:
+        self.added, self.add_env = list(ranks), dict(env)
+        for ident, _ in ranks:
+            conn = FakeConnection()
+            self.events.put((conn, Hello(ident, 1000 + ident, "fakehost")))
+            self.events.put((conn, Joining(ident)))
+
+    def _answer(self) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if all(HostsUpdated(1) in conn.sent for conn in self.conns):
+                self.events.put((None, Reformed(0, 1, 3, 4)))
+                for ident in (0, 1, self.added[0][0]):
+                    self.events.put((None, Result(ident, cloudpickle.dumps(f"value {ident}"))))
+                    self.events.put((None, Exited(ident, 0)))
+                return
+            if all(HostsUpdated() in conn.sent for conn in self.conns):
+                for rank in range(2):
+                    self.events.put((None, Resized(rank, 3)))
+                return
+            time.sleep(0.02)
+
+
+def test_ranks_that_can_re_form_grow_in_place_the_others_by_a_restart(tmp_path, capfd):
+    trace = tmp_path / "trace.json"
+    groups: list[FakeGroup] = []
+
+    def new_group(spec: AttemptSpec) -> FakeGroup:
+        group = GrowsInPlace(able=True) if spec.attempt == 0 else FakeGroup(succeeds(3), {})
+        group.events.put((None, TimelineBatch(0, str(trace), [])))
+        groups.append(group)
+        return group
+
+    config = RunConfig(np=2, min_np=2, max_np=3, collect_all=True)
+    results = Job(config, b"job", new_group, capacity=lambda spec, held: 3).run()
+    assert results == ["value 0", "value 1", "value 2"] and len(groups) == 1  # no restart
+    first = groups[0]
+    assert isinstance(first, GrowsInPlace)
+    [(ident, place)] = first.added
+    assert ident == 2 and (place.rank, place.size) == (2, 3)
+    assert first.add_env == {"HORA_WORLD_GENERATION": "1"}
+    for rank, conn in enumerate(first.conns):  # its place in the larger world, then the word
+        orders = [m for m in conn.sent if isinstance(m, Reform)]
+        assert [(o.rank, o.size, o.generation) for o in orders] == [(rank, 3, 1)]
+        assert conn.sent.index(orders[0]) < conn.sent.index(HostsUpdated(1))
+    err = capfd.readouterr().err
+    assert (
+        "hora: growing in place from 2 to 3 ranks (free slots for 3 ranks): starting rank 2; "
+        "the running ranks keep their processes"
+    ) in err, err
+    assert "hora: resized in place from 2 to 3 ranks in " in err, err
+    events = json.loads(trace.read_text())
+    marks = [(e["name"], e["args"]) for e in events if e.get("pid") == -1 and e["ph"] == "i"]
+    assert [name for name, _ in marks] == ["growing in place", "resized in place"], marks
+    assert marks[0][1] == {"from": 2, "to": 3, "why": "free slots for 3 ranks"}
+    assert (marks[1][1]["from"], marks[1][1]["to"], marks[1][1]["commit"]) == (2, 3, 4)
+
+    groups.clear()
+
+    def cannot(spec: AttemptSpec) -> FakeGroup:
+        group = GrowsInPlace(able=False) if spec.attempt == 0 else FakeGroup(succeeds(3), {})
+        groups.append(group)
+        return group
+
+    assert len(Job(config, b"job", cannot, capacity=lambda spec, held: 3).run()) == 3
+    assert len(groups) == 2 and not groups[0].added  # grown by a restart, nothing added
+
+
+def test_a_rank_reads_the_word_to_grow_by_the_world_it_is_in():
+    """HostsUpdated names the world to grow into in place: a rank already in it (a late word)
+    reads nothing; without a world it is a growth by restart."""
+    link.attach(link.DriverLink(FakeConnection(), 0, b"secret"))  # type: ignore[arg-type]
+    try:
+        assert link.growth_word(0) == 0
+        link.note_hosts_updated(1)
+        assert (link.growth_word(0), link.growth_word(1)) == (link.GROW_IN_PLACE, 0)
+        link.note_hosts_updated()
+        assert link.growth_word(1) == link.GROW_BY_RESTART
+    finally:
+        link.detach()
