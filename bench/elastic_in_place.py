@@ -9,8 +9,10 @@ The elastic tests' job (`tests/elastic/_jobs.py`: a small MLP, 0.05 s per step, 
 - grown: np=2, min_np=2, max_np=3 (the local engine has room for 3, so the run grows once the
   settle time passed). Seconds from the driver's growth decision (its growth watch firing) to the
   first step at 3 ranks: a new rank started and joined at the running ranks' next commit, or
-  every rank stopped at that commit and 3 restarted from it. The running ranks hold their first
-  commit until the driver's word arrives, so the growth happens there in both.
+  every rank stopped at that commit and 3 restarted from it; in place also to the new rank's
+  word that it waits at the rendezvous (its own start: issue 32's goal is that plus one commit
+  interval). The running ranks hold their first commit until the driver's word arrives, so the
+  growth happens there in both.
 
     .venv/bin/python bench/elastic_in_place.py
 
@@ -27,10 +29,12 @@ from pathlib import Path
 
 import hora
 from hora.job.elastic import GrowthWatch
+from hora.job.growing import Growth
 from tests.elastic import _jobs
 
 _decided: list[float] = []  # when a growth watch fired (time.time())
-_due = GrowthWatch.due
+_waiting: list[float] = []  # when a new rank said that it waits at the rendezvous
+_due, _joined = GrowthWatch.due, Growth._joined
 
 
 def _noting_due(self: GrowthWatch, now: float) -> bool:
@@ -40,7 +44,13 @@ def _noting_due(self: GrowthWatch, now: float) -> bool:
     return fired
 
 
+def _noting_joined(self: Growth, *args: object) -> None:
+    _waiting.append(time.time())
+    _joined(self, *args)  # type: ignore[arg-type]
+
+
 GrowthWatch.due = _noting_due  # type: ignore[method-assign]
+Growth._joined = _noting_joined  # type: ignore[method-assign]
 
 
 def _steps(folder: str) -> list[dict]:
@@ -69,15 +79,19 @@ def kill_to_next_world(in_place: bool) -> float:
     return min(times) - killed
 
 
-def decision_to_full_world(in_place: bool) -> float:
+def decision_to_full_world(in_place: bool) -> tuple[float, float | None]:
+    """Seconds from the decision to the first step at 3 ranks, and (in place) to the new
+    rank's word that it waits at the rendezvous: its own start."""
     folder = tempfile.mkdtemp(prefix="hora-bench-grow-")
     os.environ["HORA_ELASTIC_IN_PLACE"] = "1" if in_place else "0"
     Path(folder, _jobs.BACK_MARK).touch()  # the local engine's slots are always there
     plan = _jobs.Plan(folder, full=3, wait_for_return=True)
     _decided.clear()
+    _waiting.clear()
     hora.run(_jobs.train, (plan,), np=2, min_np=2, max_np=3, timeout=240)
     decided = _decided[0]
-    return min(e["t"] for e in _steps(folder) if e["world"] == 3 and e["t"] > decided) - decided
+    first = min(e["t"] for e in _steps(folder) if e["world"] == 3 and e["t"] > decided)
+    return first - decided, (_waiting[-1] - decided if _waiting else None)
 
 
 def main() -> None:
@@ -87,8 +101,9 @@ def main() -> None:
             f"{name:>22}: kill -> first step of the next world {kill_to_next_world(in_place):.2f} s"
         )
     for in_place, name in ((True, "grown in place"), (False, "grown by a restart")):
-        seconds = decision_to_full_world(in_place)
-        print(f"{name:>22}: growth decision -> first step at 3 ranks {seconds:.2f} s")
+        seconds, own_start = decision_to_full_world(in_place)
+        start = f" (the new rank's own start: {own_start:.2f} s)" if own_start is not None else ""
+        print(f"{name:>22}: growth decision -> first step at 3 ranks {seconds:.2f} s{start}")
 
 
 if __name__ == "__main__":
