@@ -10,9 +10,10 @@ The elastic tests' job (`tests/elastic/_jobs.py`: a small MLP, 0.05 s per step, 
   settle time passed). Seconds from the driver's growth decision (its growth watch firing) to the
   first step at 3 ranks: a new rank started and joined at the running ranks' next commit, or
   every rank stopped at that commit and 3 restarted from it; in place also to the new rank's
-  word that it waits at the rendezvous (its own start: issue 32's goal is that plus one commit
-  interval). The running ranks hold their first commit until the driver's word arrives, so the
-  growth happens there in both.
+  start of `hvd.elastic.run`, its state synced (its own start, with its setup between
+  `hvd.init()` and the loop, which the running ranks wait for: issue 32's goal is that plus one
+  commit interval). The running ranks hold their first commit until the driver's word
+  arrives, so the growth happens there in both.
 
     .venv/bin/python bench/elastic_in_place.py
 
@@ -29,12 +30,10 @@ from pathlib import Path
 
 import hora
 from hora.job.elastic import GrowthWatch
-from hora.job.growing import Growth
 from tests.elastic import _jobs
 
 _decided: list[float] = []  # when a growth watch fired (time.time())
-_waiting: list[float] = []  # when a new rank said that it waits at the rendezvous
-_due, _joined = GrowthWatch.due, Growth._joined
+_due = GrowthWatch.due
 
 
 def _noting_due(self: GrowthWatch, now: float) -> bool:
@@ -44,13 +43,7 @@ def _noting_due(self: GrowthWatch, now: float) -> bool:
     return fired
 
 
-def _noting_joined(self: Growth, *args: object) -> None:
-    _waiting.append(time.time())
-    _joined(self, *args)  # type: ignore[arg-type]
-
-
 GrowthWatch.due = _noting_due  # type: ignore[method-assign]
-Growth._joined = _noting_joined  # type: ignore[method-assign]
 
 
 def _steps(folder: str) -> list[dict]:
@@ -81,17 +74,22 @@ def kill_to_next_world(in_place: bool) -> float:
 
 def decision_to_full_world(in_place: bool) -> tuple[float, float | None]:
     """Seconds from the decision to the first step at 3 ranks, and (in place) to the new
-    rank's word that it waits at the rendezvous: its own start."""
+    rank's start of `hvd.elastic.run` with the state synced: its own start."""
     folder = tempfile.mkdtemp(prefix="hora-bench-grow-")
     os.environ["HORA_ELASTIC_IN_PLACE"] = "1" if in_place else "0"
     Path(folder, _jobs.BACK_MARK).touch()  # the local engine's slots are always there
     plan = _jobs.Plan(folder, full=3, wait_for_return=True)
     _decided.clear()
-    _waiting.clear()
     hora.run(_jobs.train, (plan,), np=2, min_np=2, max_np=3, timeout=240)
     decided = _decided[0]
     first = min(e["t"] for e in _steps(folder) if e["world"] == 3 and e["t"] > decided)
-    return first - decided, (_waiting[-1] - decided if _waiting else None)
+    # the new rank's first entry: world 1 of attempt 0, its rank 2 (in place only)
+    joined = [json.loads(line) for line in _lines(Path(folder, "log-0-1-2.jsonl"))]
+    return first - decided, (joined[0]["at"] - decided if joined else None)
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
 def main() -> None:

@@ -114,7 +114,15 @@ def train(plan: Plan) -> dict[str, Any]:
         rank, world, generation = hvd.rank(), hvd.size(), _generation()
         log = _logger(Path(plan.folder, f"log-{attempt}-{generation}-{rank}.jsonl"))
         start = state.commit_index
-        log({"start": start, "epoch": state.epoch, "reset_sizes": list(sizes), "pid": os.getpid()})
+        log(
+            {
+                "start": start,
+                "epoch": state.epoch,
+                "reset_sizes": list(sizes),
+                "pid": os.getpid(),
+                "at": time.time(),  # in its hvd.elastic.run, the state synced
+            }
+        )
         n = 0
         waited = False
         while state.epoch < plan.epochs:
