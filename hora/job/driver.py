@@ -245,7 +245,7 @@ class Job:
             timeline,
             self.metrics,
             self.output_files,
-            self._growth(attempt, in_place is not None),
+            self._growth(attempt, in_place is not None and _grows(group)),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()
@@ -282,8 +282,9 @@ class Job:
 
     def _growth(self, attempt: Attempt, in_place: bool = False) -> callbacks.WatchGrowth | None:
         """A watch for returning slots: while the attempt runs below max_np, to grow by a
-        restart (while the budget has an attempt left) or, where its engine re-forms worlds,
-        in place (spending none; also after it shrank in place)."""
+        restart (while the budget has an attempt left) or, `in_place` (its engine re-forms
+        worlds and starts ranks into them), in place (spending none; also after it shrank in
+        place)."""
         sizer = self.sizer
         if sizer is None:
             return None
@@ -312,6 +313,11 @@ class Job:
 def _reforms(group: StartableGroup) -> bool:
     """Whether the group's engine lets a lost rank's survivors re-form in place."""
     return bool(getattr(group, "reforms_in_place", False))
+
+
+def _grows(group: StartableGroup) -> bool:
+    """Whether the group's engine can start ranks into a running attempt, to grow it in place."""
+    return bool(getattr(group, "grows_in_place", False))
 
 
 def _wait(start_timeout: float, deadline: float | None) -> float:
