@@ -354,6 +354,7 @@ def _grown(state: State, interrupt: HostsUpdatedInterrupt, reformable: bool) -> 
     order = _await_reform() if reformable and interrupt.in_place else None
     if order is None:
         _end_for_resize(state)
+    link.grown(order.generation)
     return order
 
 

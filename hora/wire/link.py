@@ -111,6 +111,14 @@ def hosts_updated() -> bool:
 GROW_BY_RESTART, GROW_IN_PLACE = 1, 2
 
 
+def grown(world: int) -> None:
+    """This rank re-formed into world `world` to grow: the driver's word for it is spent (a
+    word that arrives late is read as spent too, by `growth_word`)."""
+    link = _current
+    if link is not None and 0 < link.grow_into <= world:
+        link.hosts_updated.clear()
+
+
 def growth_word(world: int) -> int:
     """What the driver said of growing, for a rank in world `world` (its generation): 0
     nothing (or a growth into this world or an older one, already done), GROW_BY_RESTART, or

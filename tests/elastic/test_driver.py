@@ -281,13 +281,15 @@ def test_ranks_that_can_re_form_grow_in_place_the_others_by_a_restart(tmp_path, 
 
 
 def test_a_rank_reads_the_word_to_grow_by_the_world_it_is_in():
-    """HostsUpdated names the world to grow into in place: a rank already in it (a late word)
-    reads nothing; without a world it is a growth by restart."""
+    """HostsUpdated names the world to grow into in place: a rank already in it (a late word,
+    or one spent by the re-form) reads nothing; without a world it is a growth by restart."""
     link.attach(link.DriverLink(FakeConnection(), 0, b"secret"))  # type: ignore[arg-type]
     try:
         assert link.growth_word(0) == 0
         link.note_hosts_updated(1)
         assert (link.growth_word(0), link.growth_word(1)) == (link.GROW_IN_PLACE, 0)
+        link.grown(1)  # re-formed into world 1: the word is spent
+        assert not link.hosts_updated() and link.growth_word(1) == 0
         link.note_hosts_updated()
         assert link.growth_word(1) == link.GROW_BY_RESTART
     finally:
