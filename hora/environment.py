@@ -255,9 +255,11 @@ def run_env(run_id: str, elastic: bool) -> dict[str, str]:
     """The run's id (every attempt's), and whether it is elastic. The id is torchrun's too:
     TORCHELASTIC_RUN_ID is how frameworks tell a torchrun-style launch
     (`torch.distributed.is_torchelastic_launched()`: Lightning and Fabric then read RANK and
-    WORLD_SIZE instead of deriving ranks from devices x num_nodes)."""
+    WORLD_SIZE instead of deriving ranks from devices x num_nodes). An elastic run's ranks also
+    get Horovod's HOROVOD_ELASTIC=1, as horovodrun's do: a DistributedOptimizer made in a world
+    of one still reduces, so it works on once the world grows in place."""
     ids = {RUN_ID_VAR: run_id, "TORCHELASTIC_RUN_ID": run_id}
-    return ids | ({ELASTIC_VAR: "1"} if elastic else {})
+    return ids | ({ELASTIC_VAR: "1", "HOROVOD_ELASTIC": "1"} if elastic else {})
 
 
 def task_view(environ: Mapping[str, str]) -> dict[str, str]:

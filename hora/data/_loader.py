@@ -73,6 +73,8 @@ class Loader:
         here = environment.current()
         self.rank = here.rank or 0 if rank is None else rank
         self.size = here.size or 1 if size is None else size
+        #: rank and size are the process's: a world re-formed in place rewrites them
+        self._follows_world = rank is None and size is None
         if not 0 <= self.rank < self.size:
             raise ValueError(f"rank {self.rank} is not in a world of {self.size}")
         if dataset.rows < self.size:
@@ -141,6 +143,9 @@ class Loader:
             )
         self.epoch = int(state["epoch"])
         self._remaining = _order.merged([(int(a), int(b)) for a, b in state["remaining"]])
+        if self._follows_world:  # the state synced into a world re-formed in place
+            here = environment.current()
+            self.rank, self.size = here.rank or 0, here.size or 1
 
     # --- the batches
     def _plan(self) -> tuple[list[list[_order.Interval]], list[list[int]]]:
