@@ -232,7 +232,10 @@ class ObjectState(State):
 
 
 def run(
-    func: Callable[..., R], reset: Callable[[], None] | None = None, in_place: bool = False
+    func: Callable[..., R],
+    reset: Callable[[], None] | None = None,
+    in_place: bool = False,
+    grow_in_place: bool = False,
 ) -> Callable[..., R]:
     """Decorate `func(state, *args, **kwargs)` to survive failures and resizes from `state`'s
     commits (Horovod's `run_fn`).
@@ -248,10 +251,11 @@ def run(
     lost rank stops no survivor: after `HorovodInternalError` a survivor waits for the driver's
     `Reform`, becomes a rank of the smaller world in the same process (`_reform.reform`), and
     goes on from the last in-memory commit, synced from the new rank 0. When the run grows in
-    place, the driver starts the new ranks first; at the commit where rank 0 says so
-    (`HostsUpdatedInterrupt(in_place=True)`) the running ranks re-form into the larger world
-    with them, and the new ranks, whose `run` starts in that world, take the running ranks'
-    state by the same sync (their code before `run` may call `init()`, but no collective).
+    place (`grow_in_place`: hora.torch's), the driver starts the new ranks first; at the commit
+    where rank 0 says so (`HostsUpdatedInterrupt(in_place=True)`) the running ranks re-form
+    into the larger world with them, and the new ranks, whose `run` starts in that world, take
+    the running ranks' state by the same sync (their code before `run` may call `init()`, but
+    no collective).
     """
     reset = reset or _reinit
 
@@ -260,7 +264,7 @@ def run(
         limit = int(os.environ.get(RESET_LIMIT_ENV, DEFAULT_RESET_LIMIT))
         resets = 0
         _resume(state)
-        reformable = _announce_in_place(in_place and state.reforms_in_place())
+        reformable = _announce_in_place(in_place and state.reforms_in_place(), grow_in_place)
         while True:
             order: Reform | None = None
             try:
@@ -293,7 +297,7 @@ def run(
 _generation = 0  # the last re-formed world this process joined
 
 
-def _announce_in_place(able: bool) -> bool:
+def _announce_in_place(able: bool, grows: bool = False) -> bool:
     """Tell the driver whether this rank can re-form in place (a hora rank of an elastic run,
     on a default group hora made, with a state that allows it), so that it grows the run in
     place or by a restart; False where it cannot."""
@@ -301,7 +305,7 @@ def _announce_in_place(able: bool) -> bool:
     if driver is None or not environment.current().elastic:
         return False
     able = able and owns_default_group() and os.environ.get(IN_PLACE_ENV, "1") != "0"
-    link.send_to_driver(InPlace(driver.rank, able))
+    link.send_to_driver(InPlace(driver.rank, able, able and grows))
     return able
 
 

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from hora import environment
 from hora.job.failures import Failure
 from hora.job.in_place import Renumbering, Watched
-from hora.wire.protocol import HostsUpdated, Joining, Reform
+from hora.wire.protocol import HostsUpdated, InPlace, Joining, Reform
 
 
 class GrowingInPlace(NamedTuple):
@@ -52,6 +52,7 @@ class Growth:
         self.joiners: Joiners | None = None
         self.tail_lines = tail_lines  # how much of a new rank's output its story keeps
         self.start_timeout = 0.0  # the attempt's: how long new ranks have to reach the world
+        self.no_growth: set[int] = set()  # processes (first ids) whose state cannot be grown
 
     def expects(self, rank: int) -> bool:
         """Whether `rank` (numbered now) is a new rank on its way."""
@@ -99,11 +100,11 @@ class Growth:
         said = renumbering.in_place | renumbering.cannot
         return renumbering.min_np is None or all(r in said for r in range(watched.np))
 
-    @staticmethod
-    def _possible(watched: Watched, renumbering: Renumbering, group: Any, size: int) -> bool:
+    def _possible(self, watched: Watched, renumbering: Renumbering, group: Any, size: int) -> bool:
         running = range(watched.np)
         return (
-            size > watched.np
+            not {renumbering.first(r) for r in running} & self.no_growth
+            and size > watched.np
             and renumbering.min_np is not None
             and bool(getattr(group, "grows_in_place", False))
             and renumbering.reforming is None
@@ -112,7 +113,10 @@ class Growth:
         )
 
     def report(self, watched: Watched, renumbering: Renumbering, message: Any) -> Any:
-        """Take a new rank's word that it waits (None), or hand `message` on as it is."""
+        """Take a new rank's word that it waits (None), note a rank whose state cannot grow in
+        place (`InPlace.grows`), and hand any other `message` on as it is."""
+        if isinstance(message, InPlace) and not message.grows:
+            self.no_growth.add(renumbering.first(message.rank))
         if isinstance(message, Joining):
             self._joined(watched, renumbering, message.rank)
             return None

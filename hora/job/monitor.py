@@ -263,7 +263,7 @@ class Monitor:
     def _report(self, message: Any) -> None:
         """What a running rank says: its output, stalls, resizes and stacks here; the rest (its
         timeline, metrics, a resume) to the callbacks."""
-        message = self.growth.report(self, self.renumbering, self.renumbering.report(message))
+        message = self.renumbering.report(self.growth.report(self, self.renumbering, message))
         if message is None:
             return
         match message:

@@ -162,6 +162,8 @@ class InPlace(NamedTuple):
 
     rank: int
     able: bool = True
+    #: its state can be synced into ranks that join a larger world (hora.torch's)
+    grows: bool = False
 
 
 class Joining(NamedTuple):

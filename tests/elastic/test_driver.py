@@ -209,7 +209,7 @@ class GrowsInPlace(FakeGroup):
         self.conns = [FakeConnection() for _ in range(2)]
         for rank, conn in enumerate(self.conns):
             self.events.put((conn, Hello(rank, 1000 + rank, "fakehost")))
-            self.events.put((conn, InPlace(rank, self.able)))
+            self.events.put((conn, InPlace(rank, self.able, grows=self.able)))
         threading.Thread(target=self._answer, daemon=True).start()
 
     def add(self, ranks, env) -> None:

@@ -14,4 +14,4 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
     """Decorate `func(state, *args, **kwargs)` to be retried from `state`'s last commit, and
     resumed by a new attempt of another size, and re-formed in place when a rank is lost (see
     `hora.collectives.elastic.run`)."""
-    return elastic.run(func, in_place=True)
+    return elastic.run(func, in_place=True, grow_in_place=True)
