@@ -123,9 +123,8 @@ class Renumbering:
         """Renumber the survivors (in rank order) and tell each its place in the new world."""
         failures: list[_Failure] = sorted(watched.failures.values(), key=lambda f: f.time)
         lost = _lost(watched)
-        quiet = sorted(lost - set(watched.failures))
-        why = ", ".join([f.headline() for f in failures] + [f"rank {r} gone" for r in quiet])
         survivors = [r for r in range(watched.np) if r not in lost]
+        why = _why(watched, failures, lost, survivors)
         for rank in lost:  # one that outlived its actor hears the channel close, and dies
             conn = watched.connections.get(rank)
             if conn is not None:
@@ -176,6 +175,17 @@ def _lost(watched: Watched) -> set[int]:
     stop to grow): their process ended, though the engine may not have said why yet."""
     quiet = watched.closed - set(watched.results) - set(watched.resized)
     return set(watched.failures) | quiet
+
+
+def _why(watched: Watched, failures: list[_Failure], lost: set[int], survivors: list[int]) -> str:
+    """The first failure, the other lost ranks, and the hosts none of whose ranks are left."""
+    others = sorted(lost - {failures[0].rank})
+    also = f"; also lost: rank{'s' if len(others) > 1 else ''} " if others else ""
+    also += ", ".join(map(str, others))
+    left = {watched.started.get(r) for r in survivors}
+    hosts = sorted({h for r in lost if (h := watched.started.get(r)) and h not in left})
+    where = f"lost {', '.join(hosts)}: " if hosts else ""
+    return f"{where}{failures[0].headline()}{also}"
 
 
 def _say(text: str) -> None:

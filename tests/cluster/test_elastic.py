@@ -185,5 +185,6 @@ def test_ray_re_forms_in_place_when_an_actors_node_is_removed(whole, tmp_path, c
     assert {r["host"] for r in results} == {h.name for h in whole.hosts} - {killer.value}
     err = capfd.readouterr().err
     assert "hora: restarting" not in err and "hora: resizing from" not in err, err
-    assert re.search(r"hora: resized in place from 4 to 2 ranks in [0-9.]+ s \(", err), err
+    gone = rf"hora: resized in place from 4 to 2 ranks in [0-9.]+ s \(lost {killer.value}: "
+    assert re.search(gone + r".*; also lost: rank \d\); the ranks went on from commit", err), err
     assert not live_actors() and not live_placement_groups()
