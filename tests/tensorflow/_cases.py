@@ -368,6 +368,36 @@ def broadcasts_in_a_session(r: int, n: int) -> None:
 
 
 @case
+def tensorflow_state(r: int, n: int) -> None:
+    """hvd.elastic.TensorFlowState (Horovod's test_elastic_state, and in a TF1 Session): sync
+    gives every rank rank 0's variables and values, restore the last commit's."""
+
+    def check(state: hvd.elastic.TensorFlowState, read: Callable[[], list]) -> None:
+        state.sync()
+        assert [v.tolist() for v in read()] == [[0.0, 0.0], 10.0] and state.epoch == 0
+        state.epoch = 1
+        state.commit()
+        state.restore()
+        assert [v.tolist() for v in read()] == [[0.0, 0.0], 10.0] and state.epoch == 1
+
+    pair, one = tf.Variable([float(r)] * 2), tf.Variable(float(r) + 10)
+    state = hvd.elastic.TensorFlowState([pair, one], epoch=r)
+    check(state, lambda: [pair.numpy(), one.numpy()])
+    pair.assign([5.0, 5.0])
+    state.epoch = 2
+    state.restore()
+    assert pair.numpy().tolist() == [0.0, 0.0] and state.epoch == 1
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        pair, one = tf.compat.v1.Variable([float(r)] * 2), tf.compat.v1.Variable(float(r) + 10)
+        session.run(tf.compat.v1.global_variables_initializer())
+        state = hvd.elastic.TensorFlowState(epoch=r)  # the graph's variables, the session
+        check(state, lambda: session.run([pair, one]))
+        pair.load([5.0, 5.0], session)
+        state.restore()
+        assert session.run(pair).tolist() == [0.0, 0.0]
+
+
+@case
 def process_sets(r: int, n: int) -> None:
     members = [0, n - 1] if n > 2 else [n - 1]
     ps = hvd.add_process_set(members)
