@@ -17,7 +17,9 @@ def test_a_killed_rank_s_keras_survivors_train_on_in_place(tmp_path, monkeypatch
     become a world of 2 and finish. Every sample of every epoch is trained exactly once in the
     final model, which equals one Keras process trained on the same steps."""
     monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "30")  # a restart would be slow to show
-    plan = _jobs.Plan(str(tmp_path), full=3, samples=SAMPLES, fault="self", fault_commit=2)
+    plan = _jobs.Plan(
+        str(tmp_path), full=3, epochs=2, samples=SAMPLES, fault="self", fault_commit=2
+    )
     results = hora.run(_keras_jobs.train, (plan,), np=3, min_np=2, timeout=300)
     steps, worlds, starts = _jobs.kept_steps(str(tmp_path))
     logs = _jobs.read_logs(str(tmp_path))
