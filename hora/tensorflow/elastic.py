@@ -4,22 +4,33 @@
 optimizer's variables (as NumPy arrays) and plain values; `TensorFlowState(variables, session,
 **kwargs)` a list of tf.Variables (eagerly, or in a TF1 graph through its Session). `run` is the
 same retry loop as hora.torch's (`hora.collectives.elastic.run`): in-place recovery from a failed
-collective, and under a hora run commits kept on each host, the restore of the freshest one by a
-new attempt, and a clean end at a commit when the run grows. Keras' callbacks for it are in
+collective, a world re-formed in place from the survivors of a lost rank (on the engines that
+can), and under a hora run commits kept on each host, the restore of the freshest one by a new
+attempt, and a clean end at a commit when the run grows. Keras' callbacks for it are in
 `hora.tensorflow.keras.elastic`.
+
+A `tf.function` holds the world it was traced in: the size and this rank's place are read at
+trace time (the gradients' scaling, a one-rank shortcut, SyncBatchNormalization's divisor).
+After a reset the state drops Keras' compiled functions, so `fit` traces them in the new
+world; a `tf.function` of the user's own must be traced anew by a reset callback.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import tensorflow as tf
 
+from hora.collectives import HorovodInternalError, elastic
 from hora.collectives.elastic import HostsUpdatedInterrupt as HostsUpdatedInterrupt
 from hora.collectives.elastic import ObjectState as ObjectState
 from hora.collectives.elastic import State as State
-from hora.collectives.elastic import run as run
+from hora.tensorflow import _errors
 from hora.tensorflow.functions import broadcast_variables
+
+R = TypeVar("R")
 
 __all__ = [
     "HostsUpdatedInterrupt",
@@ -29,6 +40,24 @@ __all__ = [
     "TensorFlowState",
     "run",
 ]
+
+
+def run(func: Callable[..., R]) -> Callable[..., R]:
+    """Decorate `func(state, *args, **kwargs)` to be retried from `state`'s last commit,
+    resumed by a new attempt of another size, and re-formed in place when a rank is lost (see
+    `hora.collectives.elastic.run`). A collective that failed inside a `tf.function` surfaces
+    as TF's UnknownError: it is raised again as the HorovodInternalError the loop heals."""
+
+    @functools.wraps(func)
+    def translated(state: State, *args: Any, **kwargs: Any) -> R:
+        try:
+            return func(state, *args, **kwargs)
+        except Exception as exc:
+            if isinstance(exc, HorovodInternalError) or not _errors.engine_failed(exc):
+                raise
+            raise _errors.HorovodInternalOpError(None, None, str(exc)) from exc
+
+    return elastic.run(translated, in_place=True)
 
 
 class TensorFlowKerasState(ObjectState):
@@ -68,6 +97,14 @@ class TensorFlowKerasState(ObjectState):
             for variable, value in zip(variables, self._saved_optimizer, strict=True):
                 variable.assign(value)
         super().restore()
+
+    def reset(self) -> None:
+        """Keras traced `fit`'s, `evaluate`'s and `predict`'s functions in the world before:
+        drop them, so that the next call traces them in this one."""
+        for name in ("train_function", "test_function", "predict_function"):
+            if getattr(self.model, name, None) is not None:
+                setattr(self.model, name, None)
+        super().reset()
 
     def sync(self) -> None:
         broadcast_variables(self.model.variables, root_rank=0)
