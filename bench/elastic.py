@@ -1,6 +1,6 @@
 """Elastic runs on 2 namespaced hosts x 2 slots (tests/cluster, as root): what a lost host costs.
 
-Three runs of the same paced training loop (a small MLP, 0.1 s per step, a commit every 2
+Runs of the same paced training loop (a small MLP, 0.1 s per step, a commit every 2
 steps), each losing host 2 (every process on it SIGKILLed) at the same step:
 
 - hora elastic on Spark (`np=4, min_np=2, max_np=4`): seconds from the loss to the first step at
@@ -9,10 +9,13 @@ steps), each losing host 2 (every process on it SIGKILLed) at the same step:
 - hora fixed-size on Spark (`np=4, max_restarts=1`, today's restart): it waits for a
   replacement, so host 2 is brought back at once; seconds from the loss to the first step at 4
   ranks (the replacement's time included, and printed apart);
+- hora elastic on Ray (`np=4, min_np=2, max_np=4`, `--reps` runs of each, alternating): the
+  survivors re-formed in place, against today's restart (`HORA_ELASTIC_IN_PLACE=0`): seconds
+  from the loss to the first step at 2 ranks (host 2 comes back after each run);
 - Ray Train's elastic `ScalingConfig(num_workers=(2, 4))` on the same hosts' Ray nodes (Ray
   2.60's Train v2): seconds from the loss to the first step at the smaller size.
 
-    sudo .venv/bin/python bench/elastic.py [--only hora|fixed|ray-train]
+    sudo .venv/bin/python bench/elastic.py [--only hora|fixed|ray|ray-train] [--reps 3]
     .venv/bin/python bench/elastic.py --commit-cost   # what one commit costs, no cluster
 
 Times are wall-clock, from the moment the bench killed the host to a step's log line written by
@@ -53,15 +56,17 @@ def _lose_host_here(folder: str) -> None:
     time.sleep(3600)
 
 
-def hora_job(folder: str, full: int) -> None:
-    """The paced loop under hvd.elastic: a commit every 2 steps (kept on each host)."""
+def hora_job(folder: str, full: int, small_steps: int | None = None) -> None:
+    """The paced loop under hvd.elastic: a commit every 2 steps (kept on each host). A world
+    re-formed in place calls `loop` again in the same process (with its own rank and size);
+    with `small_steps`, the run ends that many steps past the loss once it is small."""
     import torch
 
     import hora.torch as hvd
 
     hvd.init()
-    rank, world = hvd.rank(), hvd.size()
     attempt = int(os.environ["HORA_RESTART_COUNT"])
+    calls = [0]
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
     opt = hvd.DistributedOptimizer(
@@ -71,13 +76,17 @@ def hora_job(folder: str, full: int) -> None:
 
     @hvd.elastic.run
     def loop(state: Any) -> None:
+        rank, world, first = hvd.rank(), hvd.size(), attempt == 0 and calls[0] == 0
+        calls[0] += 1
         while state.step < STEPS:
+            if small_steps is not None and world < full and state.step >= LOSE_AT + small_steps:
+                return  # the figure is in (every rank has the same step)
             x = torch.randn(16, 32)
             state.optimizer.zero_grad()
             state.model(x).pow(2).mean().backward()
             state.optimizer.step()
             _log(folder, {"attempt": attempt, "world": world, "rank": rank, "t": time.time()})
-            if attempt == 0 and rank == world - 1 and state.step == LOSE_AT:
+            if first and rank == world - 1 and state.step == LOSE_AT:
                 _lose_host_here(folder)
             if world < full and rank == 0:
                 Path(folder, SMALL_MARK).touch()
@@ -175,6 +184,42 @@ def run_hora(cluster: Any, whole: Any, elastic: bool) -> dict[str, float]:
     }
 
 
+def run_hora_ray(cluster: Any, whole: Any, in_place: bool) -> float:
+    """hora elastic on Ray (`np=4, min_np=2, max_np=4`), host 2 not brought back during the run:
+    seconds from the loss to the first step at 2 ranks, re-formed in place or (in_place False:
+    `HORA_ELASTIC_IN_PLACE=0`) restarted after the settle time."""
+    import hora
+
+    folder = tempfile.mkdtemp(prefix="hora-bench-elastic-ray-")
+    fault = Fault(cluster, folder, "never", whole)  # back once the run is over
+    fault.start()
+    env = {"HORA_ELASTIC_IN_PLACE": "1" if in_place else "0"}
+    try:
+        hora.run(
+            hora_job, (folder, 4, 20), np=4, min_np=2, max_np=4, backend="ray", timeout=600, env=env
+        )
+    finally:
+        fault.done.set()
+        fault.join()
+    return _first_step(folder, 2, fault.lost_at) - fault.lost_at
+
+
+def compare_on_ray(cluster: Any, whole: Any, reps: int) -> dict[str, dict[str, float]]:
+    """In place against today's restart on Ray, alternating, `reps` runs of each."""
+    import statistics
+
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(reps):
+        for in_place in (True, False):
+            seconds[in_place].append(run_hora_ray(cluster, whole, in_place))
+    rows = {}
+    for in_place, name in ((True, "hora elastic in place (Ray)"), (False, "hora restart (Ray)")):
+        runs = seconds[in_place]
+        rows[name] = {f"loss -> first step at 2 (run {i + 1})": t for i, t in enumerate(runs)}
+        rows[name]["  median"] = statistics.median(runs)
+    return rows
+
+
 def run_ray_train(cluster: Any, whole: Any) -> dict[str, float]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -234,7 +279,8 @@ def commit_cost(megabytes: int = 10, reps: int = 20) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=("hora", "fixed", "ray-train"))
+    parser.add_argument("--only", choices=("hora", "fixed", "ray", "ray-train"))
+    parser.add_argument("--reps", type=int, default=3, help="runs of each side with --only ray")
     parser.add_argument("--commit-cost", action="store_true", help="one commit's cost, only")
     args = parser.parse_args()
     if args.commit_cost:
@@ -271,6 +317,8 @@ def main() -> None:
             if args.only in (None, "fixed"):
                 rows["hora fixed-size restart (Spark)"] = run_hora(cluster, make_whole, False)
                 make_whole(cluster)
+            if args.only in (None, "ray"):
+                rows.update(compare_on_ray(cluster, make_whole, args.reps))
             if args.only in (None, "ray-train"):
                 try:
                     rows["Ray Train elastic (Ray)"] = run_ray_train(cluster, make_whole)

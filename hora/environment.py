@@ -34,7 +34,8 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 # Set on the driver, they reach every rank even where workers do not inherit the driver's
 # environment (Spark executors): the timeline is asked for on the driver and written there; the
 # stall inspector's times are the job's too (its warnings are read on the driver), and so are the
-# switches of the hierarchical data path (every rank must choose alike).
+# switches of the hierarchical data path (every rank must choose alike), and whether an elastic
+# run's survivors re-form in place (and how long they wait for the driver's word).
 DRIVER_VARS = (
     "HOROVOD_TIMELINE",
     "HORA_TIMELINE",
@@ -44,6 +45,8 @@ DRIVER_VARS = (
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
     "HOROVOD_HIERARCHICAL_ALLREDUCE",
     "HOROVOD_HIERARCHICAL_ALLGATHER",
+    "HORA_ELASTIC_IN_PLACE",
+    "HORA_ELASTIC_REFORM_WAIT_SECONDS",
 )
 
 

@@ -288,11 +288,13 @@ class Job:
         sizer = self.sizer
         if sizer is None:
             return None
-        budget = attempt.index < self.policy.max_restarts  # an attempt left to grow into
-        if not (in_place or (budget and attempt.np < sizer.max_np)):
+        # by a restart as before: an attempt started below max_np, with one left to grow into
+        # (one that shrank in place grows back only in place, else finishes at its size)
+        restart = attempt.np < sizer.max_np and attempt.index < self.policy.max_restarts
+        if not (in_place or restart):
             return None  # the run finishes at this size
         watch = GrowthWatch(attempt.np, sizer.capacity, sizer.settle)
-        return callbacks.WatchGrowth(watch, sizer.max_np, restart=budget)
+        return callbacks.WatchGrowth(watch, sizer.max_np, restart)
 
     def _final_error(self) -> WorkerFailedError:
         if len(self.failed) == 1:

@@ -18,6 +18,8 @@ class Failure:
     time: float
     subject: str = ""  # the headline's start when what failed is not the rank itself (a task)
     exception: bytes | None = None  # the rank's exception, pickled (Error.exception)
+    #: the engine saw what ran the rank end under it (EngineFailed: a Ray actor, a Spark task)
+    by_engine: bool = False
 
     def headline(self) -> str:
         return f"{self.subject or f'rank {self.rank} failed'}: {self.summary}"

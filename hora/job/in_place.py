@@ -1,13 +1,19 @@
 """An elastic attempt that shrinks in place: a lost rank stops no survivor.
 
-Horovod's elastic mode resets its survivors in place; hora's local engine does the same for
-jobs in `hvd.elastic.run` (torch), whose ranks say so (`InPlace`). When every failed rank's
-process is gone without a word of its own (a kill, a crash: not the job's exception, which would
-fail again) and enough survivors are left, the monitor does not fail the attempt: the survivors
-are renumbered in rank order and each is told its place (`Reform`); their `hvd.elastic.run`
-re-forms the world, restores the last in-memory commit and syncs it from the new rank 0, and
-rank 0 says when training goes on (`Reformed`). The ranks keep naming themselves by the rank
-they started as; `Renumbering` maps that to the rank now.
+Horovod's elastic mode resets its survivors in place; hora's local and Ray engines do the same
+for jobs in `hvd.elastic.run` (torch), whose ranks say so (`InPlace`). When every lost rank is
+gone without a word of its own (a kill, a crash, a lost host: not the job's exception, which
+would fail again) and enough survivors are left, the monitor does not fail the attempt: the
+survivors are renumbered in rank order and each is told its place (`Reform`); their
+`hvd.elastic.run` re-forms the world, restores the last in-memory commit and syncs it from the
+new rank 0, and rank 0 says when training goes on (`Reformed`). The ranks keep naming
+themselves by the rank they started as; `Renumbering` maps that to the rank now.
+
+A rank is gone when its engine saw its process exit, or saw what ran it end (a Ray actor, with
+its node or alone); a rank whose channel closed without its last word is lost too (its process
+ended: on a lost host, before the engine says why). A rank only silent (a cut-off host) may live
+on, so its attempt restarts. The lost ranks' channels are closed: a worker that outlived its
+actor kills itself, and trains on in no world.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class _Failure(Protocol):
     rank: int
     reported: bool
     time: float
+    by_engine: bool
 
     def headline(self) -> str: ...
 
@@ -63,6 +70,7 @@ class Watched(Protocol):
     results: dict[int, bytes | None]
     exits: dict[int, int]
     closed: set[int]
+    resized: dict[int, int]
     failures: dict[int, Any]
     stall: str | None
     stuck: tuple[int, ...]
@@ -105,23 +113,29 @@ class Renumbering:
         return message
 
     def possible(self, watched: Watched, finished: Callable[[int], bool]) -> bool:
-        """Every failed rank's process is gone without a word of its own, every other rank
-        runs in a re-formable hvd.elastic.run, and at least min_np of them are left."""
+        """Every failed rank is gone without a word of its own, every other rank runs in a
+        re-formable hvd.elastic.run, and at least min_np of them are left."""
         if self.min_np is None:
             return False
         failures: list[_Failure] = list(watched.failures.values())
-        survivors = [r for r in range(watched.np) if r not in watched.failures]
+        lost = _lost(watched)
+        survivors = [r for r in range(watched.np) if r not in lost]
         return (
             len(survivors) >= self.min_np
-            and all(not f.reported and f.rank in watched.exits for f in failures)
+            and all(not f.reported and (f.rank in watched.exits or f.by_engine) for f in failures)
             and all(r in self.in_place and not finished(r) for r in survivors)
         )
 
     def reform(self, watched: Watched, since: float) -> None:
         """Renumber the survivors (in rank order) and tell each its place in the new world."""
         failures: list[_Failure] = sorted(watched.failures.values(), key=lambda f: f.time)
-        why = ", ".join(f.headline() for f in failures)
-        survivors = [r for r in range(watched.np) if r not in watched.failures]
+        lost = _lost(watched)
+        survivors = [r for r in range(watched.np) if r not in lost]
+        why = _why(watched, failures, lost, survivors)
+        for rank in lost:  # one that outlived its actor hears the channel close, and dies
+            conn = watched.connections.get(rank)
+            if conn is not None:
+                conn.close()
         new = {old: index for index, old in enumerate(survivors)}
         before = watched.np
         self.now = {first: new[now] for first, now in self.now.items() if now in new}
@@ -175,6 +189,24 @@ class ResizedInPlace(NamedTuple):
     seconds: float
     commit: int
     why: str
+
+
+def _lost(watched: Watched) -> set[int]:
+    """The failed ranks, and those whose channel closed without their last word (a result, a
+    stop to grow): their process ended, though the engine may not have said why yet."""
+    quiet = watched.closed - set(watched.results) - set(watched.resized)
+    return set(watched.failures) | quiet
+
+
+def _why(watched: Watched, failures: list[_Failure], lost: set[int], survivors: list[int]) -> str:
+    """The first failure, the other lost ranks, and the hosts none of whose ranks are left."""
+    others = sorted(lost - {failures[0].rank})
+    also = f"; also lost: rank{'s' if len(others) > 1 else ''} " if others else ""
+    also += ", ".join(map(str, others))
+    left = {watched.started.get(r) for r in survivors}
+    hosts = sorted({h for r in lost if (h := watched.started.get(r)) and h not in left})
+    where = f"lost {', '.join(hosts)}: " if hosts else ""
+    return f"{where}{failures[0].headline()}{also}"
 
 
 def _say(text: str) -> None:

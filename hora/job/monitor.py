@@ -257,7 +257,9 @@ class Monitor:
             case Exited(rank=rank, code=code):
                 self._exited(rank, code)
             case EngineFailed(rank=rank, summary=summary, detail=detail, subject=subject):
-                failure = Failure(rank, summary, detail, False, time.time(), subject)
+                failure = Failure(
+                    rank, summary, detail, False, time.time(), subject, by_engine=True
+                )
                 self.failures.setdefault(rank, failure)
 
     def _report(self, message: Any) -> None:

@@ -44,6 +44,9 @@ from hora.collectives import size as size
 from hora.tensorflow.compression import Compression as Compression
 from hora.tensorflow.functions import allgather_object as allgather_object
 from hora.tensorflow.functions import broadcast_ as broadcast_
+from hora.tensorflow.functions import (
+    broadcast_global_variables as broadcast_global_variables,
+)
 from hora.tensorflow.functions import broadcast_object as broadcast_object
 from hora.tensorflow.functions import broadcast_variables as broadcast_variables
 from hora.tensorflow.gradient_tape import DistributedGradientTape as DistributedGradientTape
@@ -98,6 +101,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_",
+    "broadcast_global_variables",
     "broadcast_object",
     "broadcast_variables",
     "ccl_built",

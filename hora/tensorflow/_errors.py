@@ -28,6 +28,7 @@ __all__ = [
     "OK_STATUS",
     "HorovodInternalOpError",
     "check",
+    "engine_failed",
     "refusal",
     "refused_path",
     "to_tf",
@@ -41,6 +42,17 @@ _MAX_MESSAGE = 3000  # well below PATH_MAX (4096): a longer path would be anothe
 class HorovodInternalOpError(tf.errors.UnknownError, HorovodInternalError):
     """A lost peer or a shut-down engine, eagerly: Horovod's tf.errors.UnknownError, and still
     the HorovodInternalError that hora's and Horovod's elastic code catch."""
+
+
+def engine_failed(exc: BaseException) -> bool:
+    """Whether `exc` is the engine's HorovodInternalError: raised eagerly as itself, or out of a
+    `tf.function` as the UnknownError whose message names it (Horovod's elastic `run` tells
+    its own ops' failures by their messages too)."""
+    if isinstance(exc, HorovodInternalError):
+        return True
+    return isinstance(exc, tf.errors.UnknownError) and (
+        f"{HorovodInternalError.__name__}:" in (exc.message or "")
+    )
 
 
 def refusal(exc: BaseException) -> str | None:

@@ -1,30 +1,63 @@
 """`hvd.elastic` for TensorFlow and Keras 3 (Horovod's `horovod.tensorflow.elastic`).
 
 `TensorFlowKerasState(model, optimizer, **kwargs)` keeps a Keras model's weights and its
-optimizer's variables (as NumPy arrays) and plain values; `run` is the same retry loop as
-hora.torch's (`hora.collectives.elastic.run`): in-place recovery from a failed collective, and
-under a hora run commits kept on each host, the restore of the freshest one by a new attempt,
-and a clean end at a commit when the run grows. Keras' callbacks for it are in
+optimizer's variables (as NumPy arrays) and plain values; `TensorFlowState(variables, session,
+**kwargs)` a list of tf.Variables (eagerly, or in a TF1 graph through its Session). `run` is the
+same retry loop as hora.torch's (`hora.collectives.elastic.run`): in-place recovery from a failed
+collective, a world re-formed in place from the survivors of a lost rank (on the engines that
+can), and under a hora run commits kept on each host, the restore of the freshest one by a new
+attempt, and a clean end at a commit when the run grows. Keras' callbacks for it are in
 `hora.tensorflow.keras.elastic`.
+
+A `tf.function` holds the world it was traced in: the size and this rank's place are read at
+trace time (the gradients' scaling, a one-rank shortcut, SyncBatchNormalization's divisor).
+After a reset the state drops Keras' compiled functions, so `fit` traces them in the new
+world; a `tf.function` of the user's own must be traced anew by a reset callback.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import tensorflow as tf
+
+from hora.collectives import HorovodInternalError, elastic
 from hora.collectives.elastic import HostsUpdatedInterrupt as HostsUpdatedInterrupt
 from hora.collectives.elastic import ObjectState as ObjectState
 from hora.collectives.elastic import State as State
-from hora.collectives.elastic import run as run
+from hora.tensorflow import _errors
 from hora.tensorflow.functions import broadcast_variables
+
+R = TypeVar("R")
 
 __all__ = [
     "HostsUpdatedInterrupt",
     "ObjectState",
     "State",
     "TensorFlowKerasState",
+    "TensorFlowState",
     "run",
 ]
+
+
+def run(func: Callable[..., R]) -> Callable[..., R]:
+    """Decorate `func(state, *args, **kwargs)` to be retried from `state`'s last commit,
+    resumed by a new attempt of another size, and re-formed in place when a rank is lost (see
+    `hora.collectives.elastic.run`). A collective that failed inside a `tf.function` surfaces
+    as TF's UnknownError: it is raised again as the HorovodInternalError the loop heals."""
+
+    @functools.wraps(func)
+    def translated(state: State, *args: Any, **kwargs: Any) -> R:
+        try:
+            return func(state, *args, **kwargs)
+        except Exception as exc:
+            if isinstance(exc, HorovodInternalError) or not _errors.engine_failed(exc):
+                raise
+            raise _errors.HorovodInternalOpError(None, None, str(exc)) from exc
+
+    return elastic.run(translated, in_place=True)
 
 
 class TensorFlowKerasState(ObjectState):
@@ -65,6 +98,14 @@ class TensorFlowKerasState(ObjectState):
                 variable.assign(value)
         super().restore()
 
+    def reset(self) -> None:
+        """Keras traced `fit`'s, `evaluate`'s and `predict`'s functions in the world before:
+        drop them, so that the next call traces them in this one."""
+        for name in ("train_function", "test_function", "predict_function"):
+            if getattr(self.model, name, None) is not None:
+                setattr(self.model, name, None)
+        super().reset()
+
     def sync(self) -> None:
         broadcast_variables(self.model.variables, root_rank=0)
         if self._optimizer_variables():
@@ -80,4 +121,54 @@ class TensorFlowKerasState(ObjectState):
     def load_committed(self, state: Any) -> None:
         self._saved_model = list(state["model"])
         self._saved_optimizer = list(state["optimizer"])
+        super().load_committed(state)
+
+
+class TensorFlowState(ObjectState):
+    """tf.Variables (default: the graph's global variables) and plain values, as Horovod's.
+
+    `commit()` copies the variables to NumPy, `restore()` assigns them back and `sync()`
+    broadcasts rank 0's. Eagerly the variables are read and assigned directly; in a TF1 graph
+    through `session` (default: the default session), which runs the broadcast op built here.
+    """
+
+    def __init__(self, variables: Any = None, session: Any = None, **kwargs: Any):
+        self.variables = list(variables or tf.compat.v1.global_variables())
+        self.session = session or tf.compat.v1.get_default_session()
+        self._eager = tf.executing_eagerly()
+        self._bcast_op = None if self._eager else broadcast_variables(self.variables, 0)
+        self._save_variables()
+        super().__init__(**kwargs)
+
+    def _save_variables(self) -> None:
+        if self._eager:
+            self._values = [v.numpy().copy() for v in self.variables]
+        else:
+            self._values = list(self.session.run(self.variables))
+
+    def save(self) -> None:
+        self._save_variables()
+        super().save()
+
+    def restore(self) -> None:
+        for variable, value in zip(self.variables, self._values, strict=True):
+            if self._eager:
+                variable.assign(value)
+            else:
+                variable.load(value, self.session)
+        super().restore()
+
+    def sync(self) -> None:
+        if self._eager:
+            broadcast_variables(self.variables, root_rank=0)
+        else:
+            self.session.run(self._bcast_op)
+        self._save_variables()
+        super().sync()
+
+    def committed(self) -> Any:
+        return super().committed() | {"variables": self._values}
+
+    def load_committed(self, state: Any) -> None:
+        self._values = list(state["variables"])
         super().load_committed(state)

@@ -1,6 +1,6 @@
 """Variables and Python objects across ranks: `broadcast_variables`, the in-place `broadcast_`,
-`broadcast_object`, `allgather_object` (the object ones are the engine's, shared with
-hora.torch)."""
+TF1's `broadcast_global_variables`, `broadcast_object`, `allgather_object` (the object ones are
+the engine's, shared with hora.torch)."""
 
 from __future__ import annotations
 
@@ -16,17 +16,40 @@ from hora.collectives.objects import allgather_object as _allgather_object
 from hora.collectives.objects import broadcast_object as _broadcast_object
 from hora.tensorflow import _bridge
 
-__all__ = ["allgather_object", "broadcast_", "broadcast_object", "broadcast_variables"]
+__all__ = [
+    "allgather_object",
+    "broadcast_",
+    "broadcast_global_variables",
+    "broadcast_object",
+    "broadcast_variables",
+]
 
 
 def broadcast_variables(
     variables: Iterable[Any], root_rank: int, process_set: ProcessSet = global_process_set
-) -> None:
+) -> Any:
     """Assign `root_rank`'s values to `variables` (tf.Variable or keras.Variable), in order:
-    every rank passes its variables in the same order, as Horovod requires."""
+    every rank passes its variables in the same order, as Horovod requires. Eagerly it is done
+    on return; in a TF1 graph it returns the op that does it (run it in the Session), as
+    Horovod's does."""
     variables = list(variables)
-    if variables:
+    assigned = (
         _assign_broadcast(variables, int(root_rank), "broadcast_variables", process_set)
+        if variables
+        else []
+    )
+    return None if tf.executing_eagerly() else tf.group(*assigned)
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """TF1's: the op that assigns `root_rank`'s values to every global variable of the graph.
+    Eager code has no global variables: a RuntimeError, as Horovod raises."""
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "hvd.broadcast_global_variables() does not support eager execution. "
+            "Please use `hvd.broadcast_variables(<model/optimizer variables>)` instead."
+        )
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
 def broadcast_(
@@ -36,23 +59,26 @@ def broadcast_(
     process_set: ProcessSet = global_process_set,
 ) -> Any:
     """Horovod's in-place broadcast: `root_rank`'s values assigned to `variables` (one variable
-    or a list), whose new values are returned (a tensor or a list, as given)."""
+    or a list), whose new values are returned (a tensor or a list, as given). In a TF1 graph
+    the values are read after the assignment, so running them in a Session broadcasts."""
     single = not isinstance(variables, list | tuple)
     variables = [variables] if single else list(variables)
     if not variables:
         return []
-    _assign_broadcast(variables, int(root_rank), name, process_set)
-    values = [_tf_value(v).read_value() for v in variables]
+    assigned = _assign_broadcast(variables, int(root_rank), name, process_set)
+    after = [] if tf.executing_eagerly() else [tf.group(*assigned)]
+    with tf.control_dependencies(after):
+        values = [_tf_value(v).read_value() for v in variables]
     return values[0] if single else values
 
 
 def _assign_broadcast(
     variables: list[Any], root_rank: int, name: str | None, process_set: ProcessSet
-) -> None:
+) -> list[Any]:
+    """The variables' assignments (ops in a graph: built, not run)."""
     values = [tf.convert_to_tensor(_tf_value(v)) for v in variables]
     received = _broadcast_group(values, root_rank, name, process_set)
-    for var, value in zip(variables, received, strict=True):
-        var.assign(value)
+    return [var.assign(value) for var, value in zip(variables, received, strict=True)]
 
 
 def _tf_value(var: Any) -> Any:

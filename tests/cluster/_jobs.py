@@ -220,6 +220,18 @@ def mwms_expected_w(workers: int) -> float:
     return w
 
 
+def lightning(out: str, layouts: list[tuple[int, int]]) -> dict[str, Any]:
+    """tests/clients' Lightning job (Trainer, then Fabric, in each (devices, num_nodes) layout),
+    which writes what Lightning saw to `<out>/lightning-<rank>.json`; saves where it ran beside
+    it, read before Lightning starts."""
+    from tests.clients import _train
+
+    place = where()
+    seen = _train.lightning(out, layouts)
+    Path(out, f"rank{place['RANK']}.json").write_text(json.dumps({"where": place}))
+    return seen
+
+
 def deepspeed_losses(
     out: str, ninja_folder: str | None, deepspeed_config: dict | None = None
 ) -> dict[str, Any]:

@@ -8,7 +8,9 @@ standalone and Ray on every host, started once for these few jobs.
   size) and finishes. Every sample of every epoch is trained once in the final model, which
   equals one process trained on the same steps, and so does the FSDP2 model.
 - Spark, the same with a Keras model (hora.tensorflow.keras.elastic's state and callbacks).
-- Ray: an actor's node is removed (host 2 killed); the run shrinks to 2 and finishes.
+- Ray, np=4, min_np=2: an actor's node is removed (host 2 killed) mid-epoch; host 1's actors
+  and their workers are kept, re-form a world of 2 in place (same processes) and finish;
+  every sample of every epoch once, the weights those of one process on the same steps.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from tests.cluster.conftest import (
     timed,
 )
 from tests.elastic import _jobs, _keras_jobs
+from tests.ray.conftest import live_actors, live_placement_groups
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.ray]
 
@@ -155,21 +158,33 @@ def test_spark_shrinks_on_a_lost_host_and_grows_back_keras(whole, tmp_path, capf
 
 
 @pytest.mark.timeout(600)
-def test_ray_shrinks_when_an_actors_node_is_removed_and_finishes(whole, tmp_path, capfd):
+def test_ray_re_forms_in_place_when_an_actors_node_is_removed(whole, tmp_path, capfd):
+    """Host 2's Ray node removed mid-epoch (every process on it SIGKILLed): its actors are lost,
+    host 1's are kept, and their ranks re-form a world of 2 in the same processes (no restart)
+    and finish. Nothing of the job is left on Ray: every actor killed, the placement group
+    (the lost node's bundles too) removed."""
     plan = _jobs.Plan(str(tmp_path), full=NP, fault="host", fault_commit=1, step_seconds=0.05)
     with (
         Watcher(_marked(tmp_path, _jobs.HOST_MARK), whole.kill_host) as killer,
-        timed("elastic ray: an actor's node removed, shrink, finish"),
+        timed("elastic ray: an actor's node removed, re-formed in place, finish"),
     ):
         results = hora.run(
             _jobs.train, (plan,), np=NP, min_np=2, max_np=NP, backend="ray", timeout=JOB_TIMEOUT
         )
     steps, worlds = _kept_steps(plan)
+    logs = _jobs.read_logs(plan.folder)
+    assert sorted(logs) == [(0, 0), (0, 1)], sorted(logs)  # one attempt, re-formed once
     assert worlds == [4, 2], worlds
+    pids = [{r: logs[0, world][r][0]["pid"] for r in range(2)} for world in (0, 1)]
+    assert pids[0] == pids[1], pids  # host 1's ranks (0 and 1) kept their processes
+    assert sorted(r["pid"] for r in results) == sorted(pids[0].values())
     want = _jobs.reference(plan, steps)
     for r in results:
         for key, value in want.items():
             torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
     assert {r["host"] for r in results} == {h.name for h in whole.hosts} - {killer.value}
     err = capfd.readouterr().err
-    assert re.search(rf"hora: resizing from 4 to 2 ranks \(lost {killer.value}: ", err), err
+    assert "hora: restarting" not in err and "hora: resizing from" not in err, err
+    gone = rf"hora: resized in place from 4 to 2 ranks in [0-9.]+ s \(lost {killer.value}: "
+    assert re.search(gone + r".*; also lost: rank \d\); the ranks went on from commit", err), err
+    assert not live_actors() and not live_placement_groups()

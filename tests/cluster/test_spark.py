@@ -5,8 +5,9 @@ test below asserts one case on every rank), on the hierarchical data path (share
 each host, gloo across; `hierarchical_matches_flat` compares it with the flat path); one training
 job compares hora.torch's DistributedOptimizer with one process; then the doors on the same
 cluster: TorchEstimator's fit and transform, MirroredStrategyRunner's TF_CONFIG and a
-MultiWorkerMirroredStrategy step, and DeepSpeed ZeRO-2 against one process. Each test names the
-hosts its ranks ran on.
+MultiWorkerMirroredStrategy step, DeepSpeed ZeRO-2 against one process, and Lightning's Trainer and
+Fabric in both layouts against pyspark's own TorchDistributor. Each test names the hosts its ranks
+ran on.
 """
 
 from __future__ import annotations
@@ -208,3 +209,45 @@ def test_deepspeed_zero2_across_hosts_trains_as_one_process(spark_cluster, tmp_p
     want = torch.tensor(reference["losses"])
     assert torch.allclose(mean, want, rtol=1e-4, atol=1e-5), (mean, want)
     assert want[-1] < want[0]
+
+
+LIGHTNING_LAYOUTS = [(2, 1), (1, 2)]  # (devices, num_nodes): one machine's, tasks as nodes
+
+
+@pytest.mark.clients
+def test_lightning_both_layouts_one_task_per_host_as_under_pyspark(spark_cluster, tmp_path):
+    """Lightning's Trainer and Fabric in both layouts under hora's and pyspark's TorchDistributor
+    (num_processes=2, local_mode=False) on the same cluster, one task per host: the same ranks,
+    losses and weights. `devices=1, num_nodes=2` is Databricks' layout; in `devices=2,
+    num_nodes=1`, one task per host, Lightning not seeing a torchrun launch (no
+    TORCHELASTIC_RUN_ID) makes rank 1 global rank node x devices = 2 of 2 (gloo: rank < size)."""
+    pytest.importorskip("lightning", reason="the clients extra is not installed")
+    from pyspark.ml.torch.distributor import TorchDistributor as PysparkTorchDistributor
+
+    from hora.spark import TorchDistributor
+    from tests.clients.conftest import results
+
+    seen: dict[str, list[dict[str, Any]]] = {}
+    places: dict[str, list[dict[str, Any]]] = {}
+    for name, door in (
+        ("hora", TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)),
+        ("pyspark", PysparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False)),
+    ):
+        out = tmp_path / name
+        with timed(f"spark: {name}'s TorchDistributor, Lightning in 2 layouts x 2 APIs (np=2)"):
+            door.run(_jobs.lightning, str(out), LIGHTNING_LAYOUTS)
+        places[name] = noted_places(f"{name} Lightning", _jobs.saved(out))
+        seen[name] = results(out, "lightning")
+    for name, where in places.items():  # one torchrun (pyspark) or rank (hora) per task
+        table = placement_table(where)
+        assert sorted(p["host"] for p in where) == ["host1", "host2"], (name, table)
+        assert [(p["LOCAL_RANK"], p["LOCAL_WORLD_SIZE"]) for p in where] == [(0, 1)] * 2, table
+        assert [p["GROUP_RANK"] for p in where] == [0, 1], (name, table)
+    assert seen["hora"] == seen["pyspark"]
+    for rank, cases in enumerate(seen["hora"]):
+        assert sorted(cases) == sorted(
+            f"{api} {d}x{n}" for api in ("trainer", "fabric") for d, n in LIGHTNING_LAYOUTS
+        )
+        for case in cases.values():  # [global rank, local rank, node rank, world size]
+            assert case["environment"] == "TorchElasticEnvironment", cases
+            assert case["ranks"] == [rank, 0, rank, 2], cases

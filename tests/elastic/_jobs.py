@@ -44,9 +44,10 @@ class Plan:
     commit_every: int = 2
     lr: float = 0.05
     step_seconds: float = 0.05  # paces the steps, so that the driver's signals arrive mid-run
-    #: "self": the last rank SIGKILLs itself; "host": it writes its host to HOST_MARK and
-    #: waits for the test to kill the host; in attempt `fault_attempt`, in the step after the
-    #: attempt's `fault_commit`-th commit
+    #: "self": the last rank SIGKILLs itself; "actor": it SIGKILLs the Ray actor supervising it
+    #: and lives on, training no further; "host": it writes its host to HOST_MARK and waits for
+    #: the test to kill the host; in attempt `fault_attempt`, in the step after the attempt's
+    #: `fault_commit`-th commit
     fault: str | None = None
     fault_attempt: int = 0
     fault_commit: int = 1
@@ -199,9 +200,10 @@ def _maybe_fault(
         return
     if commits != plan.fault_commit:
         return
-    if plan.fault == "self":
+    if plan.fault in ("self", "actor"):
         Path(plan.folder, KILLED_MARK).write_text(repr(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid() if plan.fault == "self" else os.getppid(), signal.SIGKILL)
+        time.sleep(3600)  # an orphan of its actor: hora must stop it
     Path(plan.folder, HOST_MARK).write_text(socket.gethostname())
     time.sleep(3600)  # as a lost host: this rank trains no further
 

@@ -5,8 +5,10 @@ UpdateEpochStateCallback, UpdateBatchStateCallback, CommitStateCallback every 2 
 Keras 3 fixes an epoch's steps when `fit` starts, so each epoch is one `fit` over the samples the
 epoch has left: a plain value of the state, `samples`, counts the epoch's samples done (every
 step takes `world * batch` of them, in a fixed order per epoch; rank r takes the r-th `batch`),
-advanced by a callback before each commit. Steps are logged as `_jobs.train` logs them, so the
-same readers check them; `reference` fits the kept steps in one process.
+advanced by a callback before each commit. The rank and the size are read in each world (a lost
+rank's survivors re-form in place, renumbered), and steps are logged as `_jobs.train` logs them
+(by attempt and world within it), so the same readers check them; `reference` fits the kept
+steps in one process.
 """
 
 from __future__ import annotations
@@ -52,23 +54,29 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
     import hora.tensorflow.keras as hvd
 
     hvd.init()
-    rank, world = hvd.rank(), hvd.size()
     attempt = int(os.environ.get("HORA_RESTART_COUNT", "0"))
     x, y = _data(plan)
     model = _model()
-    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(plan.lr, momentum=0.9))
+    # Horovod's predivided average: the size is a constant of `fit`'s traced function, which
+    # must be traced again in a world re-formed in place
+    optimizer = hvd.DistributedOptimizer(
+        keras.optimizers.SGD(plan.lr, momentum=0.9), gradient_predivide_factor=2.0
+    )
     model.compile(optimizer=optimizer, loss="mse")
     state = hvd.elastic.KerasState(model, epoch=0, batch=0, samples=0)
-    # as `_jobs.train` names its logs; Keras never re-forms in place, so its one world is 0
-    log_path = Path(plan.folder, f"log-{attempt}-0-{rank}.jsonl")
-    per_step = world * plan.batch
+    sizes: list[int] = []
+    state.register_reset_callbacks([sizes.append])
+    # this world's place, read in `loop` (a world re-formed in place renumbers the ranks)
+    me = {"rank": 0, "world": 0, "call": 0}
+    calls = [0]  # loop's calls in this process: more than one after a world re-formed in place
 
     def log(entry: dict[str, Any]) -> None:
-        with log_path.open("a") as f:
+        path = Path(plan.folder, f"log-{attempt}-{me['call']}-{me['rank']}.jsonl")
+        with path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
 
     def rows(epoch: int, position: int) -> list[int]:
-        start = position + rank * plan.batch
+        start = position + me["rank"] * plan.batch
         return _order(epoch, plan.samples)[start : start + plan.batch]
 
     class Feed(keras.callbacks.Callback):
@@ -81,6 +89,7 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
             self.waited = False
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            rank, world = me["rank"], me["world"]
             idx = rows(state.epoch, state.samples)
             log(
                 {
@@ -92,8 +101,9 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
                 }
             )
             self.n += 1
-            state.samples += per_step
-            _jobs._maybe_fault(plan, attempt, 0, rank, world, state.commit_index - self.start)
+            state.samples += world * plan.batch
+            commits = state.commit_index - self.start
+            _jobs._maybe_fault(plan, attempt, me["call"], rank, world, commits)
             time.sleep(plan.step_seconds)
             ends_commit = (state.batch + 1) % 2 == 0  # CommitStateCallback's 2 batches
             if plan.wait_for_return and world < plan.full and ends_commit and not self.waited:
@@ -110,13 +120,17 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
     def batches(epoch: int, position: int):
         while True:
             idx = rows(epoch, position)
-            position += per_step
+            position += me["world"] * plan.batch
             yield x[idx], y[idx]
 
     @hvd.elastic.run
     def loop(state: Any) -> None:
-        log({"start": state.commit_index, "epoch": state.epoch, "reset_sizes": []})
-        feed.start = state.commit_index
+        me.update(rank=hvd.rank(), world=hvd.size(), call=calls[0])
+        calls[0] += 1
+        start = state.commit_index
+        log({"start": start, "epoch": state.epoch, "reset_sizes": list(sizes), "pid": os.getpid()})
+        feed.start, feed.n, feed.waited = start, 0, False
+        per_step = me["world"] * plan.batch
         while state.epoch < plan.epochs:
             steps = (plan.samples - state.samples) // per_step
             model.fit(
@@ -132,10 +146,11 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
 
     loop(state)
     return {
-        "rank": rank,
-        "world": world,
+        "rank": hvd.rank(),
+        "world": hvd.size(),
         "attempt": attempt,
         "weights": [w.copy() for w in model.get_weights()],
+        "pid": os.getpid(),
         "host": socket.gethostname(),
     }
 

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
+import torch
 
 import hora
 from tests import _workers
+from tests.elastic import _jobs as _elastic
 from tests.ray import _jobs
 from tests.ray.conftest import live_actors, live_placement_groups, ray, start_ray, stop_ray
 
@@ -78,6 +81,36 @@ def test_killed_actor_without_restarts_fails_with_the_story():
     with pytest.raises(hora.WorkerFailedError) as info:
         hora.run(_jobs.kill_own_actor_on_first_attempt, (0,), np=2, backend="ray")
     assert str(info.value).startswith("the Ray actor of rank 0 failed: its Ray actor died")
+
+
+def test_an_elastic_run_re_forms_in_place_around_a_killed_actor(tmp_path, capfd):
+    """np=3, min_np=2 under hvd.elastic.run: rank 2 SIGKILLs its own actor mid-epoch and lives
+    on, an orphan; hora closes its channel (it dies, else the others would wait for it for
+    ever), ranks 0 and 1 keep their actors and processes, become a world of 2 and finish. Every
+    sample of every epoch is trained once in the final model, which equals one process trained
+    on the same steps."""
+    plan = _elastic.Plan(str(tmp_path), full=3, fault="actor", fault_commit=2)
+    results = hora.run(_elastic.train, (plan,), np=3, min_np=2, backend="ray", timeout=240)
+    steps, worlds, starts = _elastic.kept_steps(str(tmp_path))
+    logs = _elastic.read_logs(str(tmp_path))
+    assert sorted(logs) == [(0, 0), (0, 1)], sorted(logs)  # one attempt, re-formed once
+    assert worlds == [3, 2], worlds
+    pids = [{r: logs[0, world][r][0]["pid"] for r in range(2)} for world in (0, 1)]
+    assert pids[0] == pids[1], pids
+    assert sorted(r["pid"] for r in results) == sorted(pids[0].values())
+    epochs = _elastic.samples_per_epoch(steps)
+    assert epochs == {e: list(range(plan.samples)) for e in range(plan.epochs)}
+    want = _elastic.reference(plan, steps)
+    for r in results:
+        for key, value in want.items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-10)
+    _, err = capfd.readouterr()
+    assert "hora: restarting" not in err and "attempt 1 of" not in err, err
+    assert re.search(
+        r"hora: resized in place from 3 to 2 ranks in [0-9.]+ s \(the Ray actor of rank 2 "
+        rf"failed: its Ray actor died .*\); the ranks went on from commit {starts[1]}",
+        err,
+    ), err
 
 
 def test_bad_options_and_too_few_resources_fail_before_anything_starts():

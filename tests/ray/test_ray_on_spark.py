@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from tests.conftest import wait_for_no_processes
-from tests.ray.conftest import live_actors, live_placement_groups, ray, stop_ray
+from tests.ray.conftest import live_actors, live_placement_groups, ray
 
 pytest.importorskip("pyspark", reason="pyspark is not installed")
 if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
@@ -62,7 +62,9 @@ def ray_on_spark(monkeypatch_module):
         ray.init(address=address, log_to_driver=False)
         yield spark
     finally:
-        stop_ray()
+        # Not tests/ray's stop_ray: it waits for Ray's processes, which live until the cluster
+        # is shut down; `_end_spark` waits for every one of them to end.
+        ray.shutdown()
         shutdown_ray_cluster()
         _end_spark(spark)
 

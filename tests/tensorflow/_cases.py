@@ -340,6 +340,64 @@ def mismatches_in_a_session(r: int, n: int) -> None:
 
 
 @case
+def broadcasts_in_a_session(r: int, n: int) -> None:
+    """TF1-style graph mode: broadcast_'s values, and the ops broadcast_variables and
+    broadcast_global_variables return, assign the root's values when a Session runs them (main
+    built the assignments and never ran them: the values read were the rank's own, as Horovod's
+    test_horovod_broadcast_inplace_cpu found); eagerly, broadcast_global_variables raises."""
+    expect_raises(RuntimeError, lambda: hvd.broadcast_global_variables(0), "eager")
+    with tf.Graph().as_default():
+        ref = tf.compat.v1.Variable(tf.fill([3], float(r)), use_resource=False)
+        resource = tf.compat.v1.Variable(tf.fill([2], r), use_resource=True)
+        some = tf.compat.v1.Variable(float(r))
+        mine = tf.compat.v1.Variable(float(r) + 10)
+        new_ref, new_resource = hvd.broadcast_([ref, resource], n - 1)
+        some_op = hvd.broadcast_variables([some], root_rank=n - 1)
+        all_op = hvd.broadcast_global_variables(0)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            got = session.run([new_ref, new_resource])
+            np.testing.assert_array_equal(got[0], np.full(3, n - 1, dtype=np.float32))
+            np.testing.assert_array_equal(got[1], np.full(2, n - 1, dtype=np.int32))
+            assert session.run([ref, resource, some])[2] == r  # only the op assigns
+            session.run(some_op)
+            assert session.run(some) == n - 1
+            session.run(all_op)  # rank 0's: the broadcast ones, and its own 10
+            assert session.run([some, mine]) == [n - 1, 10]
+            np.testing.assert_array_equal(session.run(ref), np.full(3, n - 1, dtype=np.float32))
+
+
+@case
+def tensorflow_state(r: int, n: int) -> None:
+    """hvd.elastic.TensorFlowState (Horovod's test_elastic_state, and in a TF1 Session): sync
+    gives every rank rank 0's variables and values, restore the last commit's."""
+
+    def check(state: hvd.elastic.TensorFlowState, read: Callable[[], list]) -> None:
+        state.sync()
+        assert [v.tolist() for v in read()] == [[0.0, 0.0], 10.0] and state.epoch == 0
+        state.epoch = 1
+        state.commit()
+        state.restore()
+        assert [v.tolist() for v in read()] == [[0.0, 0.0], 10.0] and state.epoch == 1
+
+    pair, one = tf.Variable([float(r)] * 2), tf.Variable(float(r) + 10)
+    state = hvd.elastic.TensorFlowState([pair, one], epoch=r)
+    check(state, lambda: [pair.numpy(), one.numpy()])
+    pair.assign([5.0, 5.0])
+    state.epoch = 2
+    state.restore()
+    assert pair.numpy().tolist() == [0.0, 0.0] and state.epoch == 1
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        pair, one = tf.compat.v1.Variable([float(r)] * 2), tf.compat.v1.Variable(float(r) + 10)
+        session.run(tf.compat.v1.global_variables_initializer())
+        state = hvd.elastic.TensorFlowState(epoch=r)  # the graph's variables, the session
+        check(state, lambda: session.run([pair, one]))
+        pair.load([5.0, 5.0], session)
+        state.restore()
+        assert session.run(pair).tolist() == [0.0, 0.0]
+
+
+@case
 def process_sets(r: int, n: int) -> None:
     members = [0, n - 1] if n > 2 else [n - 1]
     ps = hvd.add_process_set(members)

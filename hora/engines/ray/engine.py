@@ -8,8 +8,13 @@ hora.torch behave as on the other engines. The driver hosts the torch store and 
 on its Ray node's address. After every attempt (success, failure, timeout, Ctrl-C) the actors
 are killed and the placement group removed: nothing is left on the cluster.
 
-Ray's own actor restarts and task retries are off: a lost actor fails the attempt, and hora's
-`max_restarts` starts the whole group again (a new placement group), as on Spark.
+Ray's own actor restarts and task retries are off. A lost actor (its node removed, its process
+killed) is reported as its rank's failure (`EngineFailed`, about 2 s after a node is killed:
+Ray's wait for the actor's death); the other actors and their workers are kept. In an elastic
+`hvd.elastic.run` job the survivors then re-form the world in place (`hora.job.in_place`), with
+the lost actors' bundles left in the placement group (Ray reserves them again where room
+appears) until the attempt ends; otherwise hora's `max_restarts` starts the whole group again
+(a new placement group), as on Spark.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class RayLauncher(Launcher):
     """Starts `spec.np` ranks as actors in one placement group; checks the cluster first."""
 
     multi_host = True
+    reforms_in_place = True  # a lost actor takes only its own rank's worker with it
 
     def __init__(self, spec: AttemptSpec):
         ray = _ray()
@@ -168,16 +174,17 @@ class RayLauncher(Launcher):
         ray = _ray()
         with self._lock:
             runs = list(self._runs)
-        with contextlib.suppress(Exception):
-            for actor in self._actors:
+        for actor in self._actors:  # a lost one's among them: the others must hear it all the same
+            with contextlib.suppress(Exception):
                 actor.stop.remote()
+        with contextlib.suppress(Exception):
             if runs:
                 ray.wait(runs, num_returns=len(runs), timeout=STOP_GRACE_SECONDS + 1.0)
         for actor in self._actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
-        with contextlib.suppress(Exception):
-            ray.util.remove_placement_group(self._group)
+        with contextlib.suppress(Exception):  # with it the lost actors' bundles, wherever Ray
+            ray.util.remove_placement_group(self._group)  # reserved them again
         if self._thread is not None:
             self._thread.join(timeout=KILL_WAIT_SECONDS)
         _wait_gone(ray, self._actors)
