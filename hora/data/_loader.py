@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from hora import environment
 from hora.data import _order
@@ -201,8 +200,10 @@ class Loader:
             reader.close()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        import torch  # here, not at import: the driver's from_spark needs no torch (seconds)
+
         for arrays in self.numpy_batches():
-            yield {name: _tensor(value) for name, value in arrays.items()}
+            yield {name: _tensor(torch, value) for name, value in arrays.items()}
 
 
 def _cut(pending: list[pa.Table], size: int, held: int) -> tuple[pa.Table, list[pa.Table], int]:
@@ -213,7 +214,7 @@ def _cut(pending: list[pa.Table], size: int, held: int) -> tuple[pa.Table, list[
     return batch, ([rest] if rest.num_rows else []), held - size
 
 
-def _tensor(value: Any) -> Any:
+def _tensor(torch: Any, value: Any) -> Any:
     """numpy arrays become tensors (copied only when read-only: Arrow's buffers are); the rest
     (tensors, lists of bytes a transform kept) pass as they are."""
     if isinstance(value, np.ndarray) and value.dtype != object:
