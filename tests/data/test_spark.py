@@ -12,18 +12,9 @@ import hora.data
 from tests.data import _jobs
 
 pytest.importorskip("pyspark", reason="pyspark is not installed")
-from tests.spark.conftest import end_spark_jvm, start_spark, stop_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 ROWS = 500
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = start_spark("local[2]")
-    yield session
-    stop_spark(session)
-    end_spark_jvm()
 
 
 @pytest.fixture(scope="module")
