@@ -15,7 +15,8 @@ Each is launched by the same `hora.run(np=2, backend="local")`; each rank reads 
 into a loop that does nothing and reports when its first batch came, when its epoch ended, its
 rows and its peak RSS. Printed per contender: conversion, df -> every rank in the training
 function (the launch), df -> first batch in every rank, end to end (conversion + one epoch),
-steady rows/s per rank (after the first batch), peak RSS per rank; then the ratios against hora. Caches are new each run (no fingerprint reuse).
+steady rows/s per rank (after the first batch), peak RSS per rank; then the ratios against hora.
+Caches are new each run (no fingerprint reuse).
 
     .venv/bin/python bench/data.py                  # 100,000 rows x 256 features (~100 MB)
     .venv/bin/python bench/data.py --full           # 4,000,000 rows x 300 features (~4.8 GB)
