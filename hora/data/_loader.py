@@ -9,6 +9,8 @@ epoch, and a restart resumes exactly where the commit was made.
 
 from __future__ import annotations
 
+import importlib
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -200,9 +202,23 @@ class Loader:
             reader.close()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        import torch  # here, not at import: the driver's from_spark needs no torch (seconds)
+        # torch is imported here, not with hora.data (the driver's from_spark needs none), and
+        # while the reader decodes the first window: at a rank's start both take seconds.
+        importing = threading.Thread(
+            target=importlib.import_module, args=("torch",), name="hora-data-import-torch"
+        )
+        importing.start()
+        batches = self.numpy_batches()
+        try:
+            first = next(batches, None)
+        finally:
+            importing.join()
+        import torch
 
-        for arrays in self.numpy_batches():
+        if first is None:
+            return
+        yield {name: _tensor(torch, value) for name, value in first.items()}
+        for arrays in batches:
             yield {name: _tensor(torch, value) for name, value in arrays.items()}
 
 
