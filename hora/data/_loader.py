@@ -9,13 +9,14 @@ epoch, and a restart resumes exactly where the commit was made.
 
 from __future__ import annotations
 
+import importlib
+import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from hora import environment
 from hora.data import _order
@@ -206,8 +207,24 @@ class Loader:
             reader.close()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for arrays in self.numpy_batches():
-            yield {name: _tensor(value) for name, value in arrays.items()}
+        # torch is imported here, not with hora.data (the driver's from_spark needs none), and
+        # while the reader decodes the first window: at a rank's start both take seconds.
+        importing = threading.Thread(
+            target=importlib.import_module, args=("torch",), name="hora-data-import-torch"
+        )
+        importing.start()
+        batches = self.numpy_batches()
+        try:
+            first = next(batches, None)
+        finally:
+            importing.join()
+        import torch
+
+        if first is None:
+            return
+        yield {name: _tensor(torch, value) for name, value in first.items()}
+        for arrays in batches:
+            yield {name: _tensor(torch, value) for name, value in arrays.items()}
 
 
 def _cut(pending: list[pa.Table], size: int, held: int) -> tuple[pa.Table, list[pa.Table], int]:
@@ -218,7 +235,7 @@ def _cut(pending: list[pa.Table], size: int, held: int) -> tuple[pa.Table, list[
     return batch, ([rest] if rest.num_rows else []), held - size
 
 
-def _tensor(value: Any) -> Any:
+def _tensor(torch: Any, value: Any) -> Any:
     """numpy arrays become tensors (copied only when read-only: Arrow's buffers are); the rest
     (tensors, lists of bytes a transform kept) pass as they are."""
     if isinstance(value, np.ndarray) and value.dtype != object:

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from hora.data._order import Interval, Window, window_at, window_permutation
@@ -130,4 +131,22 @@ class Reader:
                 path = f"{root.rstrip('/')}/{name}" if name else root
                 files[piece.file] = pq.ParquetFile(filesystem.open_input_file(path))
             parts.append(files[piece.file].read_row_group(piece.group, columns=self._columns))
-        return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        return fixed_size(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
+
+
+def fixed_size(table: pa.Table) -> pa.Table:
+    """Array columns whose arrays all have one length, as fixed-size lists: Arrow's `take`
+    (the window's shuffle) gathers those rows as blocks, several times faster than lists."""
+    for index, field in enumerate(table.schema):
+        if not (pa.types.is_list(field.type) or pa.types.is_large_list(field.type)):
+            continue
+        column = table.column(index).combine_chunks()
+        if column.null_count or not len(column):
+            continue  # the batch's conversion names the nulls
+        lengths = pc.min_max(pc.list_value_length(column))
+        shortest, longest = lengths["min"].as_py(), lengths["max"].as_py()
+        if shortest != longest or not longest:
+            continue  # ragged (padded later), or empty arrays
+        fixed = column.cast(pa.list_(field.type.value_type, longest))
+        table = table.set_column(index, field.name, fixed)
+    return table

@@ -1,15 +1,18 @@
 """`from_spark`: a DataFrame written once as Parquet through Spark's own writer, on the driver of
 a classic or Connect session, checked before any rank starts, and found again by its content.
 
-One Spark job reads the DataFrame for its facts (rows, a content hash, nulls per column, the
-shortest and longest array per array column) and refuses what cannot become a tensor; a second
-writes it (skipped when the same content was written before with the same settings). The
-footers of what was written are then read on the driver: fewer rows there than Spark counted
-means the store is not one place for the driver and the executors.
+One Spark job writes the DataFrame and, in the same pass (`DataFrame.observe`), counts its facts:
+rows, a content hash (when caching), non-null values per column, the shortest and longest array
+per array column. What cannot become a tensor is refused then, and what was written removed: a
+second job that only read the facts cost a third to half of the conversion. The footers of what
+was written are read on the driver: fewer rows there than Spark counted means the store is not
+one place for the driver and the executors. A cached write is kept under a fresh name and found
+again through a marker named by its fingerprint (the fingerprint is known only once written).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,11 +26,10 @@ from typing import Any
 import pyarrow as pa
 
 from hora.data._columns import ARRAY, BYTES, Column, describe
-from hora.data._dataset import Dataset, read_footers
+from hora.data._dataset import Dataset, parquet_files, read_footers
 from hora.storage import Location
 
-_FORMAT = 1  # bump when what is written changes
-_DONE = "_HORA_DONE.json"
+_FORMAT = 2  # bump when what is written changes (2: written once, found by a marker)
 #: where from_spark writes when no store is given: a Spark conf, else (local masters) a temp dir
 STORE_CONF = "hora.data.store"
 #: Parquet row groups are the unit of reading and shuffling: small enough to stream
@@ -72,8 +74,12 @@ def check_schema(schema: Any) -> list[Column]:
     return [describe(pa.field(f.name, arrow_type(f.dataType))) for f in schema.fields]
 
 
-def _facts(df: Any, columns: list[Column], fingerprint: bool) -> dict[str, Any]:
-    """One job: rows, a content hash (when caching), non-null counts, array lengths."""
+def _write(
+    df: Any, columns: list[Column], target: Location, fingerprint: bool, row_group_bytes: int
+) -> dict[str, Any]:
+    """One job: the DataFrame written to `target`, and its facts counted on the way (rows, a
+    content hash when caching, non-null counts, array lengths)."""
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     stats = [F.count(F.lit(1)).alias("rows")]
@@ -89,7 +95,29 @@ def _facts(df: Any, columns: list[Column], fingerprint: bool) -> dict[str, Any]:
         if c.kind == ARRAY:
             sizes = F.size(F.col(f"`{c.name}`"))
             stats += [F.min(sizes).alias(f"lo{i}"), F.max(sizes).alias(f"hi{i}")]
-    return dict(df.agg(*stats).collect()[0].asDict())
+    facts = Observation("hora.data")
+    try:
+        writer = df.observe(facts, *stats).write.mode("overwrite")
+        writer = writer.option("parquet.block.size", str(row_group_bytes))
+        for key in _no_dictionary(columns):
+            writer = writer.option(key, "false")
+        writer.parquet(target.spark_location())
+    except Exception as e:
+        raise ValueError(
+            f"Spark could not write the DataFrame to {target.uri!r} ({str(e).splitlines()[0]}); "
+            "give a store= (or path=) that the driver and every executor can write"
+        ) from e
+    return dict(facts.get)
+
+
+def _no_dictionary(columns: list[Column]) -> list[str]:
+    """Parquet-mr's options that skip dictionary encoding for floating-point columns: their
+    values are rarely repeated, and trying a dictionary first made the write slower."""
+    floating = [c for c in columns if c.kind != BYTES and c.dtype.startswith("float")]
+    return [
+        f"parquet.enable.dictionary#{c.name}" + (".list.element" if c.kind == ARRAY else "")
+        for c in floating
+    ]
 
 
 def _checked(facts: dict[str, Any], columns: list[Column], pad: Mapping[str, int]) -> list[Column]:
@@ -162,52 +190,73 @@ def from_spark(
     the training function (call its `loader()` in each rank).
 
     Where: `path` exactly (written again each call), else under `store` (or the Spark conf
-    `hora.data.store`; a temp directory on a local master) at `data/<content fingerprint>/`,
-    reused when the same content was written before (`cache=False`: a fresh directory, no
-    fingerprint). Columns must be numbers, arrays of numbers of one length (or `pad`ded: column
-    -> length, zeros after), or text/bytes for a loader's `transform`; no nulls outside text.
+    `hora.data.store`; a temp directory on a local master) at `data/<fresh name>/`; with `cache`
+    the same content written before with the same settings is found again by its fingerprint
+    and this write is dropped (`cache=False`: no fingerprint, a fresh directory kept). Columns
+    must be numbers, arrays of numbers of one length (or `pad`ded: column -> length, zeros
+    after), or text/bytes for a loader's `transform`; no nulls outside text. On a refusal what
+    was written is removed.
     """
     pad = dict(pad or {})
     columns = check_schema(df.schema)
     use_cache = cache and path is None
-    facts = _facts(df, columns, fingerprint=use_cache)
-    columns = _checked(facts, columns, pad)
     if path is not None:
-        target = Location.parse(path, "path")
-        key = ""
+        target, data = Location.parse(path, "path"), None
     else:
-        root = _store(df.sparkSession, store)
-        key = _fingerprint(facts, columns, pad, row_group_bytes) if use_cache else uuid.uuid4().hex
-        target = root.child("data", key)
-        if use_cache and target.exists(target.path(_DONE)):
-            return _described(target, key, columns, pad, facts["rows"])
+        data = _store(df.sparkSession, store).child("data")
+        target = data.child(uuid.uuid4().hex)  # the fingerprint is known only once written
     target.check_writable()
+    facts = _write(df, columns, target, use_cache, row_group_bytes)
     try:
-        writer = df.write.mode("overwrite").option("parquet.block.size", str(row_group_bytes))
-        writer.parquet(target.spark_location())
-    except Exception as e:
-        raise ValueError(
-            f"Spark could not write the DataFrame to {target.uri!r} ({str(e).splitlines()[0]}); "
-            "give a store= (or path=) that the driver and every executor can write"
-        ) from e
-    dataset = _described(target, key, columns, pad, facts["rows"])
-    if key:
-        target.write_bytes(target.path(_DONE), json.dumps({"rows": dataset.rows}).encode())
+        columns = _checked(facts, columns, pad)
+        key = _fingerprint(facts, columns, pad, row_group_bytes) if use_cache else ""
+        dataset = _described(target, key, columns, pad, facts["rows"])
+    except ValueError:
+        _remove(target)
+        raise
+    if data is None or not key:
+        return dataset
+    marker = data.path(f"{key}.json")
+    cached = _cached(data, marker, key, columns, pad, facts["rows"])
+    if cached is not None:
+        _remove(target)
+        return cached
+    name = target.root.rstrip("/").rsplit("/", 1)[-1]
+    data.write_bytes(marker, json.dumps({"rows": dataset.rows, "dir": name}).encode())
     return dataset
+
+
+def _cached(
+    data: Location, marker: str, key: str, columns: list[Column], pad: dict[str, int], rows: int
+) -> Dataset | None:
+    """The dataset an earlier call wrote with this fingerprint, if its files are still there."""
+    if not data.exists(marker):
+        return None
+    try:
+        return _described(
+            data.child(json.loads(data.read_bytes(marker))["dir"]), key, columns, pad, rows
+        )
+    except (ValueError, KeyError, OSError):  # deleted, or half there: written again
+        return None
+
+
+def _remove(target: Location) -> None:
+    with contextlib.suppress(OSError):  # best effort: the refusal says what matters
+        target.delete_dir(target.root)
 
 
 def _described(
     target: Location, key: str, columns: list[Column], pad: dict[str, int], rows: int
 ) -> Dataset:
-    dataset = read_footers(target, key, pad)
-    if dataset.rows != rows:
+    found = read_footers(target, key, pad) if parquet_files(target) else None
+    if found is None or found.rows != rows:
         raise ValueError(
-            f"Spark wrote {rows} rows to {target.uri!r} but the driver finds {dataset.rows} "
-            "there: the executors wrote to disks the driver does not see; give a store= (or "
-            "path=) that is one place for the driver, every executor and every rank (a shared "
-            "mount, or a URI such as hdfs:// or s3://)"
+            f"Spark wrote {rows} rows to {target.uri!r} but the driver finds "
+            f"{found.rows if found else 0} there: the executors wrote to disks the driver does "
+            "not see; give a store= (or path=) that is one place for the driver, every executor "
+            "and every rank (a shared mount, or a URI such as hdfs:// or s3://)"
         )
-    return replace(dataset, columns=tuple(columns))
+    return replace(found, columns=tuple(columns))
 
 
 def _fingerprint(

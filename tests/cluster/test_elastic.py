@@ -2,11 +2,12 @@
 standalone and Ray on every host, started once for these few jobs.
 
 - Spark, np=4, min_np=2, max_np=4: an MLP (DistributedOptimizer) and the same MLP sharded with
-  FSDP2 train side by side under hvd.elastic; mid-epoch every process of host 2 is killed; the
-  run goes on with 2 ranks from the last commit (kept on host 1); host 2 comes back; the run
-  grows to 4 at the next commit (the FSDP2 model reloaded from its DCP checkpoint at each new
-  size) and finishes. Every sample of every epoch is trained once in the final model, which
-  equals one process trained on the same steps, and so does the FSDP2 model.
+  FSDP2 train side by side under hvd.elastic on samples that `hora.data.from_spark` wrote from a
+  DataFrame (its loader's position committed in the TorchState); mid-epoch every process of
+  host 2 is killed; the run goes on with 2 ranks from the last commit (kept on host 1); host 2
+  comes back; the run grows to 4 at the next commit (the FSDP2 model reloaded from its DCP
+  checkpoint at each new size) and finishes. Every row of every epoch is trained once in the
+  final model, which equals one process trained on the same steps, and so does the FSDP2 model.
 - Spark, the same with a Keras model (hora.tensorflow.keras.elastic's state and callbacks).
 - Ray, np=4, min_np=2: an actor's node is removed (host 2 killed) mid-epoch; host 1's actors
   and their workers are kept, re-form a world of 2 in place (same processes) and finish;
@@ -135,8 +136,17 @@ def _shrink_and_grow_on_spark(
 
 @pytest.mark.timeout(900)
 def test_spark_shrinks_on_a_lost_host_and_grows_back_mlp_and_fsdp2(whole, tmp_path, capfd):
+    """The samples are a DataFrame's rows read through hora.data (ids logged per step): the
+    loader's remaining rows are split again at 2 ranks and at 4, each row once per epoch."""
+    from pyspark.sql import SparkSession
+
+    import hora.data
+
+    df = _jobs.data_frame(SparkSession.builder.getOrCreate(), _jobs.Plan.samples)
+    with timed("elastic spark: from_spark of the samples"):
+        data = hora.data.from_spark(df, store=str(tmp_path / "store"))
     plan, results, steps = _shrink_and_grow_on_spark(
-        whole, tmp_path, _jobs.train, "MLP+FSDP2", capfd, fsdp=True
+        whole, tmp_path, _jobs.train, "MLP+FSDP2, hora.data", capfd, fsdp=True, data=data
     )
     want = _jobs.reference(plan, steps)
     for r in results:  # and the FSDP2 model, resharded at every size, trained the same steps

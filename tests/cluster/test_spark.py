@@ -174,6 +174,62 @@ def test_mirrored_strategy_runner_spans_hosts_in_tf_config(spark_cluster: Cluste
         assert s["w"] == pytest.approx(want_w, rel=1e-6), (s["w"], want_w)
 
 
+DATA_ROWS = 1000
+
+
+def test_data_from_spark_gives_each_row_to_one_rank_once_per_epoch(spark_cluster, tmp_path):
+    """hora.data.from_spark on the cluster: the executors of both hosts write the Parquet into a
+    store every host sees; 4 ranks over the 2 hosts read it, each row to exactly one rank once
+    per epoch, shuffled (2 epochs, each its own order) and in order."""
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    import hora.data
+    from tests.data import _jobs as _data_jobs
+
+    spark = SparkSession.builder.getOrCreate()
+    x = F.array(F.col("id").cast("float"), F.lit(1.0).cast("float")).alias("x")
+    df = spark.range(DATA_ROWS).select("id", x).repartition(NP)  # written on both hosts
+    with timed("spark: hora.data.from_spark, 1,000 rows"):
+        dataset = hora.data.from_spark(df, store=str(tmp_path / "store"))
+    assert len(dataset) == DATA_ROWS and len(dataset.files) == NP, dataset.files
+    with timed(f"spark: hora.data loaders, 2 shuffled epochs and one in order (np={NP})"):
+        seen = hora.run(_data_jobs.ids_each_way, (dataset, 16, 2), np=NP, backend="spark")
+    hosts = [s["host"] for s in seen]
+    assert sorted(hosts.count(h) for h in set(hosts)) == [CORES] * HOSTS, hosts
+    assert [s["size"] for s in seen] == [NP] * NP
+    epochs = [[i for s in seen for i in s["ids"][e]] for e in range(2)] + [
+        [i for s in seen for i in s["ordered"]]
+    ]
+    for epoch, ids in enumerate(epochs):
+        assert sorted(ids) == list(range(DATA_ROWS)), epoch
+    assert epochs[0] != epochs[1]  # each epoch its own order
+    assert epochs[2] == _ids_in_file_order(dataset)  # unshuffled: the files' order, by rank
+
+
+def _ids_in_file_order(dataset: Any) -> list[int]:
+    import pyarrow.parquet as pq
+
+    tables = [pq.read_table(os.path.join(dataset.uri, f), columns=["id"]) for f in dataset.files]
+    return [i for t in tables for i in t.column("id").to_pylist()]
+
+
+def test_data_from_spark_refuses_a_store_the_driver_does_not_see(spark_cluster, tmp_path):
+    """Each namespaced host has its own /dev/shm: the executors write there, and the driver
+    (whose /dev/shm is the machine's) finds none of it."""
+    from pyspark.sql import SparkSession
+
+    import hora.data
+
+    spark = SparkSession.builder.getOrCreate()
+    store = f"/dev/shm/hora-test-{os.getpid()}-{tmp_path.name}"
+    try:
+        with pytest.raises(ValueError, match="one place for the driver, every executor"):
+            hora.data.from_spark(spark.range(100).repartition(NP), store=store)
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+
+
 ZERO2 = {
     "train_micro_batch_size_per_gpu": 8,
     "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},  # nothing to build

@@ -22,6 +22,15 @@ def ids_per_epoch(dataset: Any, batch_size: int, shuffle: bool, epochs: int) -> 
     return {"rank": here.rank, "size": here.size, "ids": seen}
 
 
+def ids_each_way(dataset: Any, batch_size: int, epochs: int) -> dict[str, Any]:
+    """`epochs` shuffled epochs of ids, then one in order, with this rank's host."""
+    import socket
+
+    shuffled = ids_per_epoch(dataset, batch_size, True, epochs)
+    ordered = ids_per_epoch(dataset, batch_size, False, 1)["ids"][0]
+    return {**shuffled, "ordered": ordered, "host": socket.gethostname()}
+
+
 def ids_by_horovod_runner(dataset: Any, batch_size: int, shuffle: bool) -> list[int]:
     """HorovodRunner's main: rank 0 returns every rank's ids of one epoch (gathered)."""
     import hora.torch as hvd

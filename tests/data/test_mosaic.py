@@ -18,7 +18,6 @@ import pytest
 
 import hora
 from tests.data import mosaic_stubs
-from tests.spark.conftest import end_spark_jvm, start_spark, stop_spark
 
 pytestmark = pytest.mark.spark
 
@@ -28,28 +27,14 @@ COLUMNS = {"id": "int64", "x": "ndarray:float32", "y": "int32"}
 
 
 @pytest.fixture(scope="module")
-def streaming_path():
-    """The stand-in torchvision first on this process's path and in the environment the JVM,
-    Spark's Python workers and hora's ranks inherit; `streaming` importable, or skip."""
-    with pytest.MonkeyPatch.context() as patch:
-        mosaic_stubs.put_first(patch)
-        pytest.importorskip("streaming", reason="mosaicml-streaming is not installed")
-        yield
+def streaming_path(spark) -> None:
+    """The package's Spark put the stand-in first on this process's path and in the environment
+    the JVM, Spark's Python workers and hora's ranks inherit; `streaming` importable, or skip."""
+    pytest.importorskip("streaming", reason="mosaicml-streaming is not installed")
 
 
 @pytest.fixture(scope="module")
-def spark(streaming_path):
-    # pyspark keeps one JVM per process, started with the environment of its first session:
-    # this module's workers need the stand-in's PYTHONPATH, so start a JVM of its own.
-    end_spark_jvm()
-    session = start_spark("local[2]")
-    yield session
-    stop_spark(session)
-    end_spark_jvm()
-
-
-@pytest.fixture(scope="module")
-def mds(spark, tmp_path_factory):
+def mds(spark, streaming_path, tmp_path_factory):
     """ROWS rows (an id, 8 float features, a label) written by `dataframe_to_mds`, unchanged."""
     from streaming.base.converters import dataframe_to_mds
 

@@ -15,7 +15,6 @@ import pytest
 
 import hora
 from hora.spark import SparkDatasetConverter, make_spark_converter
-from tests.spark.conftest import end_spark_jvm, start_spark, stop_spark
 
 pytestmark = pytest.mark.spark
 
@@ -23,14 +22,12 @@ ROWS = 500
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    session = start_spark("local[2]")
+def spark(spark, tmp_path_factory):
+    """The package's session (tests/data/conftest.py), with Petastorm's cache directory set."""
     cache = tmp_path_factory.mktemp("petastorm-cache")
-    session.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, f"file://{cache}")
-    yield session
-    session.conf.unset(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF)
-    stop_spark(session)
-    end_spark_jvm()
+    spark.conf.set(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF, f"file://{cache}")
+    yield spark
+    spark.conf.unset(SparkDatasetConverter.PARENT_CACHE_DIR_URL_CONF)
 
 
 @pytest.fixture(scope="module")

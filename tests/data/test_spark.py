@@ -12,18 +12,9 @@ import hora.data
 from tests.data import _jobs
 
 pytest.importorskip("pyspark", reason="pyspark is not installed")
-from tests.spark.conftest import end_spark_jvm, start_spark, stop_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 ROWS = 500
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = start_spark("local[2]")
-    yield session
-    stop_spark(session)
-    end_spark_jvm()
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +52,7 @@ def test_bad_input_is_refused_on_the_driver(spark, tmp_path):
     for df, message in cases:
         with pytest.raises(ValueError, match=message):
             hora.data.from_spark(df, store=store)
+    assert not list((tmp_path / "store" / "data").iterdir())  # what was written is removed
     padded = hora.data.from_spark(
         base.select("id", F.array_repeat(F.lit(1.0), F.col("id").cast("int")).alias("a")),
         store=store,
@@ -75,6 +67,12 @@ def test_written_once_and_found_again_by_content(frame, tmp_path):
     first = hora.data.from_spark(frame, store=store)
     again = hora.data.from_spark(frame.select("*"), store=store)
     assert first == again and first.fingerprint and len(first) == ROWS
+    kept = sorted(p.name for p in (tmp_path / "store" / "data").iterdir())
+    assert kept == sorted([first.uri.rsplit("/", 1)[-1], f"{first.fingerprint}.json"]), kept
+    first.delete()  # its marker is left: the next call writes the content again
+    rewritten = hora.data.from_spark(frame, store=store)
+    assert rewritten.fingerprint == first.fingerprint and rewritten.uri != first.uri
+    assert len(rewritten) == ROWS
     fresh = hora.data.from_spark(frame, store=store, cache=False)
     assert fresh.uri != first.uri and len(fresh) == ROWS
     exact = hora.data.from_spark(frame, path=str(tmp_path / "here"))

@@ -1,7 +1,8 @@
 """What the ranks of the elastic tests run, and how a test reads back what they did.
 
 `train` is Horovod's elastic pattern: an MLP with DistributedOptimizer, an ElasticSampler over a
-fixed dataset, a TorchState committed every `commit_every` steps and at each epoch's end, all in
+fixed dataset (or, with `data`, that dataset written by `hora.data.from_spark` and read through
+its loader), a TorchState committed every `commit_every` steps and at each epoch's end, all in
 `hvd.elastic.run`. With `fsdp`, a second copy of the MLP sharded with FSDP2 trains on the same
 batches in the same state (committed as a DCP checkpoint to a shared folder). Every rank logs
 each step (attempt, world size, epoch, the commit it follows, the sample indices) to the test's
@@ -21,6 +22,7 @@ import signal
 import socket
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,12 +56,24 @@ class Plan:
     #: below the full size, wait at the first commit until the test wrote BACK_MARK
     wait_for_return: bool = False
     fsdp: bool = False
+    #: a hora.data.Dataset of `dataset(samples)` (columns id, x, y: `data_frame`): the samples
+    #: come through its loader, committed in the TorchState, instead of an ElasticSampler
+    data: Any = None
 
 
 def dataset(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(7)
     x = torch.randn(samples, 6, generator=g, dtype=torch.float64)
     return x, x.sum(dim=1, keepdim=True).sin()
+
+
+def data_frame(spark: Any, samples: int) -> Any:
+    """`dataset(samples)` as a Spark DataFrame (id, x, y; doubles, so read back bit for bit),
+    in 4 partitions: Parquet files written on every host's executors."""
+    x, y = dataset(samples)
+    rows = [(i, x[i].tolist(), y[i].tolist()) for i in range(samples)]
+    schema = "id long, x array<double>, y array<double>"
+    return spark.createDataFrame(rows, schema).repartition(4)
 
 
 def model() -> nn.Module:
@@ -97,16 +111,7 @@ def train(plan: Plan) -> dict[str, Any]:
         torch.optim.SGD(net.parameters(), lr=plan.lr, momentum=0.9),
         named_parameters=net.named_parameters(),
     )
-    sampler = hvd.elastic.ElasticSampler(range(plan.samples), shuffle=True, seed=1)
-    extra: dict[str, Any] = {}
-    if plan.fsdp:
-        sharded = _shard(model(), hvd.size())
-        extra = {
-            "sharded": sharded,
-            "sharded_opt": torch.optim.SGD(sharded.parameters(), lr=plan.lr, momentum=0.9),
-            "checkpoint_dir": os.path.join(plan.folder, "dcp"),
-        }
-    state = hvd.elastic.TorchState(net, opt, sampler=sampler, epoch=0, **extra)
+    state = hvd.elastic.TorchState(net, opt, epoch=0, **_state_extras(plan, hvd))
     sizes: list[int] = []
     state.register_reset_callbacks([sizes.append])
 
@@ -127,15 +132,13 @@ def train(plan: Plan) -> dict[str, Any]:
         n = 0
         waited = False
         while state.epoch < plan.epochs:
-            indices = list(state.sampler)
-            for i in range(0, len(indices), plan.batch):
-                idx = indices[i : i + plan.batch]
+            for j, (idx, xb, yb) in enumerate(_batches(state, plan, x, y)):
                 state.optimizer.zero_grad()
-                _loss(state.model, x[idx], y[idx]).backward()
+                _loss(state.model, xb, yb).backward()
                 state.optimizer.step()
                 if plan.fsdp:
                     state.sharded_opt.zero_grad()
-                    _loss(state.sharded, x[idx], y[idx]).backward()
+                    _loss(state.sharded, xb, yb).backward()
                     state.sharded_opt.step()
                 log(
                     {
@@ -148,15 +151,17 @@ def train(plan: Plan) -> dict[str, Any]:
                     }
                 )
                 n += 1
-                state.sampler.record_batch(i // plan.batch, plan.batch)
+                if plan.data is None:
+                    state.sampler.record_batch(j, plan.batch)
                 _maybe_fault(plan, attempt, generation, rank, world, state.commit_index - start)
                 time.sleep(plan.step_seconds)
-                if (i // plan.batch + 1) % plan.commit_every == 0:
+                if (j + 1) % plan.commit_every == 0:
                     if plan.wait_for_return and world < plan.full and not waited:
                         waited = _wait_for_return(plan.folder, rank)
                     state.commit()
             state.epoch += 1
-            state.sampler.set_epoch(state.epoch)
+            if plan.data is None:
+                state.sampler.set_epoch(state.epoch)
             state.commit()
 
     loop(state)
@@ -174,6 +179,39 @@ def train(plan: Plan) -> dict[str, Any]:
         }
     result["host"] = socket.gethostname()
     return result
+
+
+def _state_extras(plan: Plan, hvd: Any) -> dict[str, Any]:
+    """The TorchState's sampler (or loader), and the FSDP2 copy with its optimizer."""
+    extra: dict[str, Any] = {}
+    if plan.data is None:
+        extra["sampler"] = hvd.elastic.ElasticSampler(range(plan.samples), shuffle=True, seed=1)
+    else:
+        extra["loader"] = plan.data.loader(plan.batch, shuffle=True, seed=1)
+    if plan.fsdp:
+        sharded = _shard(model(), hvd.size())
+        extra |= {
+            "sharded": sharded,
+            "sharded_opt": torch.optim.SGD(sharded.parameters(), lr=plan.lr, momentum=0.9),
+            "checkpoint_dir": os.path.join(plan.folder, "dcp"),
+        }
+    return extra
+
+
+def _batches(
+    state: Any, plan: Plan, x: torch.Tensor, y: torch.Tensor
+) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """What is left of this epoch for this rank: (sample indices, x, y) per step, from the
+    sampler and the dataset in memory, or from the loader (the rows as hora.data read them)."""
+    if plan.data is None:
+        indices = list(state.sampler)
+        for i in range(0, len(indices), plan.batch):
+            idx = indices[i : i + plan.batch]
+            yield idx, x[idx], y[idx]
+        return
+    state.loader.set_epoch(state.epoch)  # a resumed epoch keeps its position
+    for batch in state.loader:
+        yield batch["id"].tolist(), batch["x"], batch["y"]
 
 
 def _logger(path: Path) -> Any:
