@@ -47,6 +47,8 @@ def ray_on_spark(monkeypatch_module):
 
     monkeypatch_module.setattr(cluster_init, "_RAY_HEAD_STARTUP_TIMEOUT", 8)
     monkeypatch_module.setattr(cluster_init, "_BACKGROUND_JOB_STARTUP_WAIT", 5)
+    # And it waits its full 60 s for a dashboard port that include_dashboard=False never opens.
+    monkeypatch_module.setattr(cluster_init, "_RAY_DASHBOARD_STARTUP_TIMEOUT", 1)
     # Ray on Spark starts its nodes with the `ray` command: the one of this interpreter.
     monkeypatch_module.setenv(
         "PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
