@@ -14,15 +14,14 @@ anywhere fails the attempt (the restart path resumes from the commit store).
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections import deque
 from typing import Any, NamedTuple
 
 from hora import environment
 from hora.job.failures import Failure
-from hora.job.in_place import Renumbering, Watched
-from hora.wire.protocol import HostsUpdated, InPlace, Joining, Reform
+from hora.job.in_place import Renumbering, Watched, reform_order, say
+from hora.wire.protocol import HostsUpdated, InPlace, Joining
 
 
 class GrowingInPlace(NamedTuple):
@@ -85,7 +84,7 @@ class Growth:
         env = {environment.GENERATION_VAR: str(renumbering.generation)}
         group.add([(ident, places[rank]) for ident, rank in ids.items()], env)
         added = ", ".join(str(r) for r in ids.values())
-        _say(
+        say(
             f"growing in place from {before} to {size} ranks ({why}): starting rank"
             f"{'s' * (len(ids) > 1)} {added}; the running ranks keep their processes"
         )
@@ -135,13 +134,8 @@ class Growth:
         renumbering.reforming = (joiners.since, joiners.before, joiners.why)
         places = environment.placements([watched.started[r] for r in range(joiners.size)])
         for rank in range(joiners.before):  # every Reform before any HostsUpdated
-            p = places[rank]
-            order = Reform(
-                rank, p.size, p.local_rank, p.local_size, p.cross_rank, p.cross_size,
-                joiners.generation,
-            )  # fmt: skip
             with contextlib.suppress(OSError):
-                watched.connections[rank].send(order)
+                watched.connections[rank].send(reform_order(places[rank], joiners.generation))
         for rank in range(joiners.before):
             with contextlib.suppress(OSError):
                 watched.connections[rank].send(HostsUpdated(joiners.generation))
@@ -164,7 +158,3 @@ class Growth:
                     time.time(),
                 ),
             )
-
-
-def _say(text: str) -> None:
-    print(f"hora: {text}", file=sys.stderr, flush=True)

@@ -155,14 +155,9 @@ class Renumbering:
         watched.failures, watched.stall, watched.stuck = {}, None, ()
         places = environment.placements([watched.started[r] for r in range(watched.np)])
         for rank, conn in watched.connections.items():
-            p = places[rank]
-            order = Reform(
-                rank, p.size, p.local_rank, p.local_size, p.cross_rank, p.cross_size,
-                self.generation,
-            )  # fmt: skip
             with contextlib.suppress(OSError):
-                conn.send(order)
-        _say(
+                conn.send(reform_order(places[rank], self.generation))
+        say(
             f"resizing in place from {before} to {watched.np} ranks ({why}); the survivors keep "
             "their processes"
         )
@@ -173,7 +168,7 @@ class Renumbering:
         since, before, why = self.reforming
         self.reforming = None
         seconds = time.time() - since
-        _say(
+        say(
             f"resized in place from {before} to {size} ranks in {seconds:.1f} s "
             f"({why}); the ranks went on from commit {commit}"
         )
@@ -209,5 +204,13 @@ def _why(watched: Watched, failures: list[_Failure], lost: set[int], survivors: 
     return f"{where}{failures[0].headline()}{also}"
 
 
-def _say(text: str) -> None:
+def reform_order(place: environment.RankPlacement, generation: int) -> Reform:
+    """The driver's word to a rank: its place in the world re-formed as `generation`."""
+    p = place
+    return Reform(
+        p.rank, p.size, p.local_rank, p.local_size, p.cross_rank, p.cross_size, generation
+    )
+
+
+def say(text: str) -> None:
     print(f"hora: {text}", file=sys.stderr, flush=True)
