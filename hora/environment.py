@@ -22,6 +22,8 @@ AGENT_STORE_VARS = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTAR
 
 RUN_ID_VAR = "HORA_RUN_ID"
 ELASTIC_VAR = "HORA_ELASTIC"
+#: "0" (on the driver, it reaches the ranks) keeps an elastic run off every resize in place
+IN_PLACE_VAR = "HORA_ELASTIC_IN_PLACE"
 #: which of the run's worlds re-formed in place this process belongs to (0 or unset: the
 #: attempt's first, rendezvoused by env://); a rank started to grow a world in place gets it
 GENERATION_VAR = "HORA_WORLD_GENERATION"
@@ -252,6 +254,12 @@ def restart_env(restart_count: int, max_restarts: int) -> dict[str, str]:
         "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
     }
+
+
+def may_reform_in_place(env: Mapping[str, str]) -> bool:
+    """Whether the ranks of an attempt with this environment may re-form their world in place:
+    an elastic run's, unless HORA_ELASTIC_IN_PLACE=0."""
+    return env.get(ELASTIC_VAR) == "1" and env.get(IN_PLACE_VAR, "1") != "0"
 
 
 def run_env(run_id: str, elastic: bool) -> dict[str, str]:

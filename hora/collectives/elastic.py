@@ -51,7 +51,7 @@ DEFAULT_RESET_LIMIT = 10
 REFORM_WAIT_ENV = "HORA_ELASTIC_REFORM_WAIT_SECONDS"
 DEFAULT_REFORM_WAIT = 10.0
 #: "0": never re-form in place; a lost rank restarts every rank, as before in-place recovery
-IN_PLACE_ENV = "HORA_ELASTIC_IN_PLACE"
+IN_PLACE_ENV = environment.IN_PLACE_VAR
 
 
 class HostsUpdatedInterrupt(RuntimeError):

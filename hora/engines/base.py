@@ -92,11 +92,13 @@ class Launcher(ABC):
         """Start the workers and return; progress arrives as events on `ctx.events`."""
 
     def add(
-        self, ranks: list[tuple[int, environment.RankPlacement]], env: Mapping[str, str]
+        self, joiners: list[tuple[int, int]], running_hosts: list[str], env: Mapping[str, str]
     ) -> None:
-        """Start one more worker per `(id, placement)` into the started attempt: `id` names it
-        to the driver (its Boot's rank, never one used before), the placement is its place in
-        the larger world; `env` is added to the attempt's. Only where `grows_in_place`."""
+        """Start one more worker per `(id, rank)` into the started attempt, to grow it in place:
+        `id` names it to the driver (its Boot's rank, never one used before), `rank` is its rank
+        in the larger world, after the running ranks, whose hosts are `running_hosts` (by rank).
+        The engine chooses the new ranks' hosts; each starts with its coordinates among all the
+        larger world's hosts. `env` is added to the attempt's. Only where `grows_in_place`."""
         raise NotImplementedError(f"{type(self).__name__} cannot grow an attempt in place")
 
     @abstractmethod

@@ -245,7 +245,7 @@ class Job:
             timeline,
             self.metrics,
             self.output_files,
-            self._growth(attempt, in_place is not None and _grows(group)),
+            self._growth(attempt, in_place is not None and _grows(group), in_place is not None),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()
@@ -280,17 +280,20 @@ class Job:
             env=env,
         )
 
-    def _growth(self, attempt: Attempt, in_place: bool = False) -> callbacks.WatchGrowth | None:
+    def _growth(
+        self, attempt: Attempt, in_place: bool = False, shrinks: bool = False
+    ) -> callbacks.WatchGrowth | None:
         """A watch for returning slots: while the attempt runs below max_np, to grow by a
         restart (while the budget has an attempt left) or, `in_place` (its engine re-forms
         worlds and starts ranks into them), in place (spending none; also after it shrank in
-        place)."""
+        place). `shrinks`: its ranks may re-form a smaller world in place, below max_np."""
         sizer = self.sizer
         if sizer is None:
             return None
-        # by a restart as before: an attempt started below max_np, with one left to grow into
-        # (one that shrank in place grows back only in place, else finishes at its size)
-        restart = attempt.np < sizer.max_np and attempt.index < self.policy.max_restarts
+        # by a restart as before, with an attempt left to grow into: one that started below
+        # max_np, or may shrink in place (and grows back by a restart where not in place)
+        below = attempt.np < sizer.max_np or shrinks
+        restart = below and attempt.index < self.policy.max_restarts
         if not (in_place or restart):
             return None  # the run finishes at this size
         watch = GrowthWatch(attempt.np, sizer.capacity, sizer.settle)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import queue
 
 from hora.engines.base import LaunchContext, Launcher
-from hora.environment import RankPlacement
 from hora.wire import channel
 from hora.wire.protocol import ALLOWED
 
@@ -41,9 +40,11 @@ class WorkerGroup:
         """Whether ranks can be added to the running attempt (the launcher's say)."""
         return self.launcher.grows_in_place
 
-    def add(self, ranks: list[tuple[int, RankPlacement]], env: dict[str, str]) -> None:
+    def add(
+        self, joiners: list[tuple[int, int]], running_hosts: list[str], env: dict[str, str]
+    ) -> None:
         """Start new ranks into the running attempt, to grow it in place (`Launcher.add`)."""
-        self.launcher.add(ranks, env)
+        self.launcher.add(joiners, running_hosts, env)
 
     def start(self) -> None:
         secret = channel.new_secret()

@@ -74,7 +74,6 @@ class Growth:
         self.next_id += len(ids)
         renumbering.now.update(ids)
         hosts = [watched.started[r] for r in range(before)]
-        places = environment.placements(hosts + [hosts[0]] * len(ids))  # the local engine's
         why = f"free slots for {size} ranks"
         self.joiners = Joiners(
             before, size, renumbering.generation, time.monotonic() + self.start_timeout, why
@@ -82,7 +81,7 @@ class Growth:
         for rank in ids.values():
             watched.tails[rank] = deque(maxlen=self.tail_lines)
         env = {environment.GENERATION_VAR: str(renumbering.generation)}
-        group.add([(ident, places[rank]) for ident, rank in ids.items()], env)
+        group.add(list(ids.items()), hosts, env)
         added = ", ".join(str(r) for r in ids.values())
         say(
             f"growing in place from {before} to {size} ranks ({why}): starting rank"

@@ -162,6 +162,11 @@ class Connection:
     def recv(self) -> Any:
         return loads(recv_frame(self._sock), self._allowed)
 
+    @property
+    def local_host(self) -> str:
+        """This end's address: the interface of this machine that reaches the other end."""
+        return str(self._sock.getsockname()[0])
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)

@@ -270,6 +270,9 @@ class Go(NamedTuple):
 
     plan: Plan
     rank: int
+    #: the id the driver knows the worker by, where it is not `rank` (a rank started to grow a
+    #: world in place: ids are never reused, ranks are)
+    ident: int | None = None
 
 
 class Refuse(NamedTuple):

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 import hora
 from hora.engines.spark import failures as _spark_failures
@@ -194,3 +195,45 @@ def test_use_gpu_without_gpu_tasks_is_refused(spark):
     options = RunConfig(np=2, backend="spark").engine_options
     with pytest.raises(ValueError, match=r"spark.task.resource.gpu.amount"):
         SparkLauncher(AttemptSpec(np=2, use_gpu=True, options=options))
+
+
+def test_an_elastic_run_s_survivors_of_a_lost_spark_task_re_form_and_grow_back_in_place(
+    spark, tmp_path, monkeypatch, capfd
+):
+    """np=2, min_np=1: rank 1 SIGKILLs its Spark task's Python worker mid-epoch, which fails
+    that task (local mode tries a task once). Each rank of an elastic run is a Spark job of its
+    own, so rank 0's task lives on: it keeps its process, trains on alone in place, and once the
+    settle time has passed a new task joins it in place, the run going on at 2 from rank 0's
+    state. Every sample of every epoch once; the weights those of one process on the same
+    steps; the lost task's job ends with the run."""
+    from tests.elastic import _jobs as _elastic
+
+    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
+    (tmp_path / _elastic.BACK_MARK).touch()  # the slot is free again at once
+    plan = _elastic.Plan(
+        str(tmp_path),
+        full=2,
+        samples=96,
+        commit_every=3,
+        fault="actor",  # the rank's parent: its Spark task's Python worker
+        fault_commit=1,
+        wait_for_return=True,
+    )
+    results = hora.run(_elastic.train, (plan,), np=2, min_np=1, backend="spark", timeout=240)
+    steps, worlds, starts = _elastic.kept_steps(str(tmp_path))
+    logs = _elastic.read_logs(str(tmp_path))
+    assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)  # one attempt, three worlds
+    assert worlds == [2, 1, 2], worlds
+    pid = logs[0, 0][0][0]["pid"]
+    assert logs[0, 1][0][0]["pid"] == logs[0, 2][0][0]["pid"] == pid
+    assert [r["pid"] for r in results] == [pid, logs[0, 2][1][0]["pid"]]
+    assert _elastic.samples_per_epoch(steps) == {e: list(range(96)) for e in range(plan.epochs)}
+    want = _elastic.reference(plan, steps)
+    for r in results:
+        for key, value in want.items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-10)
+    err = capfd.readouterr().err
+    assert "hora: restarting" not in err and "hora: resizing from" not in err, err
+    assert "hora: resized in place from 2 to 1 ranks in " in err, err
+    assert "its Spark task ended before its worker exited" in err, err
+    assert "hora: resized in place from 1 to 2 ranks in " in err, err

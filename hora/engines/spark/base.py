@@ -21,7 +21,7 @@ DRIVER_HOST_KEY = "spark.hora.driverHost"
 
 class Session(ABC):
     """The active Spark session as hora uses it: read its configuration, count its slots, run
-    one barrier stage of hora's tasks, cancel it."""
+    one barrier stage of hora's tasks (or each task as a job of its own), cancel them."""
 
     kind: Literal["classic", "connect"]
 
@@ -64,6 +64,13 @@ class Session(ABC):
     ) -> Any:
         """Run `np` tasks of `entry` in one barrier stage tagged `tag`; blocks until it ends and
         returns its rows, one (task, outcome) per task."""
+
+    def run_alone(
+        self, driver: dict[str, str], spec: Mapping[str, Any], tag: str, description: str
+    ) -> Any:
+        """Run one task of `entry` as a Spark job of its own, tagged `tag`: its loss ends no
+        other task (an elastic run's ranks, `engine`). Blocks until it ends; its rows."""
+        raise NotImplementedError(f"a {self.kind} session runs hora's tasks in one barrier stage")
 
     @abstractmethod
     def cancel(self, tag: str) -> None:

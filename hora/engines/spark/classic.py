@@ -62,17 +62,34 @@ class ClassicSession(Session):
     def run_barrier(
         self, np: int, driver: dict[str, str], spec: Mapping[str, Any], tag: str
     ) -> Any:
+        return self._collect(np, True, driver, spec, tag, f"hora: {np} ranks")
+
+    def run_alone(
+        self, driver: dict[str, str], spec: Mapping[str, Any], tag: str, description: str
+    ) -> Any:
+        return self._collect(1, False, driver, spec, tag, description)
+
+    def _collect(
+        self,
+        tasks: int,
+        barrier: bool,
+        driver: dict[str, str],
+        spec: Mapping[str, Any],
+        tag: str,
+        description: str,
+    ) -> Any:
         from pyspark import cloudpickle as spark_cloudpickle
 
         sc = self.sc
         sc.addJobTag(tag)
         sc.setInterruptOnCancel(True)
-        sc.setJobDescription(f"hora: {np} ranks")
+        sc.setJobDescription(description)
         try:
             # By value: the check must load on an executor whose Python lacks hora.
             spark_cloudpickle.register_pickle_by_value(entry)
             task = partial(entry.run_task, driver, dict(spec))
-            rdd = sc.parallelize(range(np), np).barrier().mapPartitions(task)
+            rdd = sc.parallelize(range(tasks), tasks)
+            rdd = (rdd.barrier() if barrier else rdd).mapPartitions(task)
             with _tasks_python(sc, checks.python_for_tasks(self)):
                 rdd._jrdd  # noqa: B018 -- pyspark builds the tasks' PythonFunction here, once
             return rdd.collect()

@@ -21,6 +21,15 @@ the tasks of a classic session get the driver's interpreter in the first place
 A rank is started at most once per run: if Spark ever re-attempts a task or the stage, the
 supervisor of the re-attempt is refused and the job fails, rather than re-running a
 half-finished training behind the user's back.
+
+An elastic run (classic session) runs each rank's task as a Spark job of its own instead
+(`Session.run_alone`), all under the run's tag: a barrier stage fails as a whole, and Spark
+kills every task of it when one is lost, so the survivors could not re-form their world in
+place (`hora.job.in_place`). What that trades: Spark's all-or-nothing start of a barrier stage
+(the launcher's rendezvous still starts no rank before every task is up, and the slot check
+still runs first), BarrierTaskContext's `barrier`/`allGather` in the ranks (they say so), and
+one line in the Spark UI (one job per rank). A lost task's re-attempt by Spark is refused
+quietly: its loss was reported when its first attempt's channel closed.
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ import os
 import queue
 import sys
 import threading
+import time
 import uuid
+from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
@@ -44,6 +55,7 @@ from hora.engines.spark import failures as _spark_failures
 from hora.engines.spark import shipping as _spark_shipping
 from hora.engines.spark.session import active_session
 from hora.engines.spark.task import TaskSpec
+from hora.engines.spark.world import World
 from hora.engines.supervisor import STOP_GRACE_SECONDS
 from hora.wire import channel
 from hora.wire.protocol import (
@@ -115,13 +127,24 @@ class SparkLauncher(Launcher):
             if slots is None:
                 print(_spark_checks.uncounted_slots(spec.np, spec.start_timeout), file=sys.stderr)
         self.session = session
+        # A lost task of a barrier stage takes every other task down: an elastic run's ranks
+        # are jobs of their own, so the survivors can re-form in place (a Connect client has
+        # no elastic runs: it cannot count slots).
+        self.reforms_in_place = session.kind == "classic" and environment.may_reform_in_place(
+            spec.env
+        )
+        self.grows_in_place = self.reforms_in_place  # a task more is a job more
         self.channel_host = session.channel_host()
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
         self._np = spec.np
         self._user_env = dict(spec.env)
         self._lock = threading.Lock()
-        self._tasks: dict[int, dict[str, Any]] = {}  # by Spark task (partition)
-        self._rank_of: dict[int, int] = {}  # Spark task -> rank, once every task is up
+        self._world = World()  # every task's report, and which rank each runs now
+        self._tasks = self._world.tasks  # by Spark task (partition, or slot)
+        self._rank_of: dict[int, int] = {}  # Spark task -> the rank the driver knows it by
+        self._slots = spec.np  # tasks started so far, ranks added to grow in place included
+        self._joining: tuple[list[tuple[int, int]], list[str], dict[str, str]] | None = None
+        self._joining_slots: list[int] = []
         self._supervisors: dict[int, channel.Connection] = {}
         self._exited: set[int] = set()
         self._planned = False  # every task has registered and been told to start its rank
@@ -131,6 +154,7 @@ class SparkLauncher(Launcher):
         self._store: Any = None
         self._threads: list[threading.Thread] = []
         self._ctx: LaunchContext | None = None
+        self._task_spec: TaskSpec | None = None
 
     # -- start ------------------------------------------------------------------------------
     def start(self, ctx: LaunchContext) -> None:
@@ -148,10 +172,19 @@ class SparkLauncher(Launcher):
         )
         relay = threading.Thread(target=self._relay, name="hora-spark-relay", daemon=True)
         relay.start()
-        stage = self.session.thread(partial(self._run_stage, spec), name="hora-spark-stage")
-        stage.daemon = True
-        stage.start()
-        self._threads = [relay, stage]
+        self._threads = [relay]
+        self._task_spec = spec  # what a rank added to grow the attempt gets too
+        if not self.reforms_in_place:
+            self._start_thread(partial(self._run_stage, spec), "hora-spark-stage")
+            return
+        for slot in range(self._np):
+            self._start_thread(partial(self._run_alone, spec, slot), f"hora-spark-rank-{slot}")
+
+    def _start_thread(self, target: Any, name: str) -> None:
+        thread = self.session.thread(target, name=name)
+        thread.daemon = True
+        thread.start()
+        self._threads.append(thread)
 
     def _run_stage(self, spec: TaskSpec) -> None:
         driver = _spark_entry.runtime()
@@ -159,24 +192,35 @@ class SparkLauncher(Launcher):
             self.session.run_barrier(self._np, driver, dataclasses.asdict(spec), self.tag)
         except Exception as exc:
             if not self._stopping.is_set():
-                failure = _spark_failures.read(
-                    exc,
-                    driver,
-                    self.session.master,
-                    self.python is not None,
-                    connect=self.session.kind == "connect",
-                )
-                self._report_stage_failure(failure)
+                self._report_stage_failure(self._read(exc, driver))
+
+    def _run_alone(self, spec: TaskSpec, slot: int) -> None:
+        """One rank's task as a Spark job of its own; its failure is its rank's alone."""
+        driver = _spark_entry.runtime()
+        spec = dataclasses.replace(spec, slot=slot)
+        description = f"hora: rank slot {slot} of an elastic run ({self.tag})"
+        try:
+            self.session.run_alone(driver, dataclasses.asdict(spec), self.tag, description)
+        except Exception as exc:
+            if not self._stopping.is_set():  # Spark names partition 0 of the job: the slot's
+                self._report_stage_failure(dataclasses.replace(self._read(exc, driver), task=slot))
+
+    def _read(self, exc: Exception, driver: dict[str, str]) -> _spark_failures.StageFailure:
+        connect = self.session.kind == "connect"
+        return _spark_failures.read(
+            exc, driver, self.session.master, self.python is not None, connect=connect
+        )
 
     def _report_stage_failure(self, failure: _spark_failures.StageFailure) -> None:
         """Name the task that failed, and whether its rank had been started at all."""
         task = failure.task
-        if task is None or not 0 <= task < self._np:
+        if task is None or not 0 <= task < self._slots:
             rank = self._first_running_rank()
             who = "the Spark stage failed"
             self._report(EngineFailed(rank, failure.summary, failure.detail, who))
             return
         rank = self._rank_of.get(task, task)  # before the plan, a task's rank is not yet chosen
+        self._world.lose(task)
         host = failure.host or self._tasks.get(task, {}).get("host")
         where = f"Spark task {task}" + (f" on host {host}" if host else "")
         if self._planned and not failure.before_start:
@@ -199,14 +243,19 @@ class SparkLauncher(Launcher):
             elif isinstance(message, Output | Exited) and conn.peer == message.rank:
                 if isinstance(message, Exited):
                     self._exited.add(message.rank)
+                    self._world.lose(self._slot_of(message.rank))
                 self._report(message)
 
     def _register(self, conn: channel.Connection, task: int, info: dict[str, Any]) -> None:
-        if not (isinstance(task, int) and 0 <= task < self._np):
+        if not (isinstance(task, int) and 0 <= task < self._slots):
             conn.close()
             return
         if task in self._tasks or self._stopping.is_set():
             # Spark re-attempted a task or the whole stage: never train the same rank twice.
+            if self.reforms_in_place:  # a lost rank's task: its loss is reported already
+                with contextlib.suppress(OSError):
+                    conn.send(Refuse("its rank was lost; the others went on without it"))
+                return
             rank = self._rank_of.get(task, task)
             reason = (
                 f"Spark started task {task} (rank {rank}) a second time (task attempt "
@@ -221,14 +270,19 @@ class SparkLauncher(Launcher):
         with self._lock:
             self._tasks[task] = info
             self._supervisors[task] = conn
-            ready = len(self._tasks) == self._np
+            ready = not self._planned and all(t in self._tasks for t in range(self._np))
+            joined = self._joining is not None and all(
+                t in self._tasks for t in self._joining_slots
+            )
         if ready:
             self._start_ranks()
+        elif joined:
+            self._start_joiners()
 
     def _start_ranks(self) -> None:
         """Every task is up: number the ranks host by host (as Horovod and torchrun do) and
         tell each task its rank and the plan."""
-        order = environment.host_order([self._tasks[t]["host"] for t in range(self._np)])
+        order = self._world.start(list(range(self._np)))
         self._rank_of = {task: rank for rank, task in enumerate(order)}
         self._planned = True
         ranks = [self._tasks[task] for task in order]
@@ -251,13 +305,55 @@ class SparkLauncher(Launcher):
             with contextlib.suppress(OSError):
                 conn.send(Go(plan, rank))
 
+    # -- growing in place ---------------------------------------------------------------------
+    def add(
+        self, joiners: list[tuple[int, int]], running_hosts: list[str], env: Mapping[str, str]
+    ) -> None:
+        """Start one task per `(id, rank)` as a job of its own; once all are up, each gets its
+        place in the larger world (its host is Spark's choice, known only then)."""
+        if self._task_spec is None or not self.reforms_in_place:
+            raise RuntimeError("the Spark launcher adds ranks only to a started elastic attempt")
+        with self._lock:
+            first = self._slots
+            self._slots += len(joiners)
+            self._joining_slots = list(range(first, self._slots))
+            self._joining = (list(joiners), list(running_hosts), dict(env))
+            # until their hosts are known, a failure of a task is that of some new rank
+            self._rank_of.update(zip(self._joining_slots, (i for i, _ in joiners), strict=True))
+        for slot in self._joining_slots:
+            job = partial(self._run_alone, self._task_spec, slot)
+            self._start_thread(job, f"hora-spark-rank-{slot}")
+
+    def _start_joiners(self) -> None:
+        """Every added task is up: place them after the running ranks and start their ranks."""
+        with self._lock:
+            assert self._joining is not None
+            joiners, running_hosts, env = self._joining
+            slots, self._joining = self._joining_slots, None
+            ranks = self._world.grow(slots, len(running_hosts))
+        plan = Plan(
+            ranks=ranks,
+            master=self._master,
+            use_gpu=self.use_gpu,
+            user_env={**self._user_env, **env},
+            cwd=os.getcwd(),
+        )
+        added = self._world.order[-len(slots) :]
+        for (ident, rank), slot in zip(sorted(joiners, key=lambda j: j[1]), added, strict=True):
+            self._rank_of[slot] = ident
+            conn = self._supervisors[slot]
+            conn.peer = ident
+            with contextlib.suppress(OSError):
+                conn.send(Go(plan, rank, ident))
+
     def _closed(self, conn: channel.Connection) -> None:
         rank = conn.peer
         if rank is None or rank in self._exited or self._stopping.is_set():
             return
         if not self._planned:  # no rank started: another task failed, and the stage says which
             return
-        task = next((t for t, r in self._rank_of.items() if r == rank), rank)
+        task = self._slot_of(rank)
+        self._world.lose(task)
         host = self._tasks.get(task, {}).get("host")
         several = len({info.get("host") for info in self._tasks.values()}) > 1
         self._report(
@@ -268,6 +364,10 @@ class SparkLauncher(Launcher):
                 f"rank {rank} failed on host {host}" if host and several else "",
             )
         )
+
+    def _slot_of(self, rank: int) -> int:
+        """The task of the rank the driver knows as `rank`."""
+        return next((t for t, r in self._rank_of.items() if r == rank), rank)
 
     def _report(self, message: EngineFailed | Output | Exited) -> None:
         if self._ctx is not None:
@@ -281,18 +381,18 @@ class SparkLauncher(Launcher):
         self._stopping.set()
         with self._lock:
             supervisors = list(self._supervisors.values())
-            everyone_started = len(self._tasks) == self._np
+            everyone_started = len(self._tasks) == self._slots
         for conn in supervisors:
             with contextlib.suppress(OSError):
                 conn.send(Stop())
-        stage = self._threads[1] if len(self._threads) > 1 else None
-        if stage is not None:
+        jobs = self._threads[1:]
+        if jobs:
             if everyone_started:
-                stage.join(STOP_GRACE_SECONDS + 1.0)
-            if stage.is_alive():  # tasks still waiting for slots, or a supervisor that is stuck
+                _join_all(jobs, STOP_GRACE_SECONDS + 1.0)
+            if any(job.is_alive() for job in jobs):  # tasks waiting for slots, or stuck
                 with contextlib.suppress(Exception):
                     self.session.cancel(self.tag)
-                stage.join(CANCEL_WAIT_SECONDS)
+                _join_all(jobs, CANCEL_WAIT_SECONDS)
         if self._server is not None:
             self._server.close()
         self._inbox.put((None, None))
@@ -300,6 +400,13 @@ class SparkLauncher(Launcher):
             thread.join(timeout=5)
         self._threads = []
         self._store = None
+
+
+def _join_all(threads: list[threading.Thread], seconds: float) -> None:
+    """Join `threads`, all of them within `seconds` together."""
+    deadline = time.monotonic() + seconds
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _gpu_counts(counts: list[int] | None, np: int) -> list[int] | None:

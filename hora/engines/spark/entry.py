@@ -65,12 +65,14 @@ def run_task(driver: dict[str, str], spec: dict[str, Any], partition: Iterable[A
             f"this executor's Python ({here['executable']}) is not the driver's "
             f"({', '.join(differ)} differ; the driver's error has the details)"
         )
-        raise _refusal(why, MARKER, {"runtime": here})
+        raise _refusal(why, MARKER, {"runtime": here}, spec.get("slot"))
     address = tuple(spec["address"])
     error = _cannot_dial(address)
     if error is not None:
         why = f"this executor cannot reach hora's driver at {address[0]}:{address[1]} ({error})"
-        raise _refusal(why, UNREACHABLE, {"address": list(address), "error": error})
+        raise _refusal(
+            why, UNREACHABLE, {"address": list(address), "error": error}, spec.get("slot")
+        )
     from hora.engines.spark.task import TaskSpec, supervise
 
     yield from supervise(TaskSpec(**spec), partition)
@@ -89,16 +91,21 @@ def run_task_arrow(
         yield pyarrow.RecordBatch.from_pydict({"task": [task], "outcome": [outcome]})
 
 
-def _refusal(why: str, marker: str, report: dict[str, Any]) -> RuntimeError:
+def _refusal(why: str, marker: str, report: dict[str, Any], slot: int | None) -> RuntimeError:
     """The error that fails this task: `why`, then `marker` and the JSON report (with this
-    task's partition and host) on a line of its own, for the driver to find."""
+    task's slot and host) on a line of its own, for the driver to find. `slot`: the task's, where
+    it is a job of its own (None: its partition in a barrier stage)."""
     import json
+    import socket
 
-    from pyspark import BarrierTaskContext
+    if slot is None:
+        from pyspark import BarrierTaskContext
 
-    ctx = BarrierTaskContext.get()
-    task = ctx.partitionId()
-    host = ctx.getTaskInfos()[task].address.rsplit(":", 1)[0]
+        ctx = BarrierTaskContext.get()
+        task = ctx.partitionId()
+        host = ctx.getTaskInfos()[task].address.rsplit(":", 1)[0]
+    else:
+        task, host = slot, socket.gethostname()
     report = {"task": task, "host": host, **report}
     return RuntimeError(f"hora did not start rank {task}: {why}\n{marker}{json.dumps(report)}")
 

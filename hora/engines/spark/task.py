@@ -1,4 +1,4 @@
-"""The code of one Spark barrier task: a supervisor for one rank's worker process.
+"""The code of one Spark task of hora's: a supervisor for one rank's worker process.
 
 It runs inside Spark's (reused) Python worker: it registers with the driver's launcher over the
 authenticated channel, waits for the plan (every task's host and GPUs, the store's address),
@@ -19,7 +19,7 @@ from hora import environment
 from hora.engines.spark.task_context import TaskContextServer
 from hora.engines.supervisor import supervised_worker
 from hora.wire import channel
-from hora.wire.protocol import ALLOWED, Boot, Go, Plan, Stop, TaskReady
+from hora.wire.protocol import ALLOWED, Boot, Go, Stop, TaskReady
 
 
 @dataclass(frozen=True)
@@ -34,22 +34,26 @@ class TaskSpec:
     sys_path: tuple[str, ...]  # the driver's import path, appended in the worker
     gpu_resource: str | None = None  # the Spark resource of the rank's GPUs; None: no GPUs
     rank_setup: str = ""  # what the worker runs before the job (Engine.rank_setup)
+    #: the task's slot where each rank is a Spark job of its own (`engine`: a lost one must not
+    #: end the others); None: the task is one of a barrier stage, its slot its partition
+    slot: int | None = None
 
 
 def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, str]]:
     """mapPartitions body: supervise the rank the driver gives this task; yields (task,
     outcome)."""
-    from pyspark import BarrierTaskContext  # the task runs inside pyspark's worker
-
-    ctx = BarrierTaskContext.get()
-    task = ctx.partitionId()
-    host = ctx.getTaskInfos()[task].address.rsplit(":", 1)[0]
+    ctx = _task_context(spec)
+    task = ctx.partitionId() if spec.slot is None else spec.slot
     resources = ctx.resources()
     gpus: list[str] = []
     if spec.gpu_resource in resources:  # as CUDA numbers them in this executor
         gpus = environment.cuda_devices(list(resources[spec.gpu_resource].addresses))
     conn = channel.connect(spec.address, spec.secret, ALLOWED)
     try:
+        if spec.slot is None:
+            host = ctx.getTaskInfos()[task].address.rsplit(":", 1)[0]
+        else:  # a task outside a barrier stage is not told its executor's address
+            host = conn.local_host
         conn.send(
             TaskReady(
                 task,
@@ -72,19 +76,27 @@ def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, 
         if not isinstance(reply, Go):
             yield task, f"refused: {reply.reason}"
             return
-        yield task, _supervise_worker(spec, conn, reply.rank, reply.plan, ctx)
+        yield task, _supervise_worker(spec, conn, reply, ctx)
     finally:
         conn.close()
 
 
-def _supervise_worker(
-    spec: TaskSpec, conn: channel.Connection, rank: int, plan: Plan, ctx: Any
-) -> str:
-    boot = Boot(spec.worker_address, spec.secret, rank, spec.sys_path, spec.rank_setup)
+def _task_context(spec: TaskSpec) -> Any:
+    """This task's pyspark context: a barrier stage's, or a plain task's (`spec.slot`)."""
+    from pyspark import BarrierTaskContext, TaskContext  # the task runs inside pyspark's worker
+
+    return BarrierTaskContext.get() if spec.slot is None else TaskContext.get()
+
+
+def _supervise_worker(spec: TaskSpec, conn: channel.Connection, go: Go, ctx: Any) -> str:
+    """Run the worker of `go.rank` (known to the driver as `go.ident`, where it joins a world
+    grown in place) until the driver says stop."""
+    ident = go.rank if go.ident is None else go.ident
+    boot = Boot(spec.worker_address, spec.secret, ident, spec.sys_path, spec.rank_setup)
     context = TaskContextServer(ctx, spec.secret)  # the rank's BarrierTaskContext.get()
     try:
         with (
-            supervised_worker(conn, boot, plan, context.env) as worker,
+            supervised_worker(conn, boot, go.plan, context.env, go.rank) as worker,
             contextlib.suppress(OSError, EOFError),
         ):
             while not isinstance(conn.recv(), Stop):  # until the driver says stop or goes away

@@ -36,6 +36,11 @@ ADDRESS_ENV = "HORA_SPARK_TASK_CONTEXT"
 _KEY_PURPOSE = b"hora.spark task context"
 _PYSPARK_MODULE = "pyspark.taskcontext"
 _CONNECT_TIMEOUT = 30.0
+NOT_A_BARRIER_STAGE = (
+    "BarrierTaskContext.{method}() is not there in an elastic Spark run: each rank runs in a "
+    "Spark job of its own, not in one barrier stage, so that a lost rank leaves the others "
+    "running; meet the other ranks through hvd's or torch.distributed's collectives instead"
+)
 
 
 def _key(secret: bytes) -> bytes:
@@ -79,6 +84,8 @@ class TaskContextServer:
         ctx = self._context
         if method == "snapshot":
             return snapshot(ctx)
+        if method in ("allGather", "barrier") and not hasattr(ctx, method):
+            raise RuntimeError(NOT_A_BARRIER_STAGE.format(method=method))
         if method == "allGather":
             return [str(m) for m in ctx.allGather(argument or "")]
         if method == "barrier":
@@ -106,7 +113,7 @@ def snapshot(ctx: Any) -> dict[str, Any]:
         "cpus": ctx.cpus(),
         "cpuAmount": None if cpu_amount is None else str(cpu_amount()),
         "resources": {name: list(info.addresses) for name, info in ctx.resources().items()},
-        "taskInfos": [info.address for info in ctx.getTaskInfos()],
+        "taskInfos": [info.address for info in getattr(ctx, "getTaskInfos", list)()],
     }
 
 
