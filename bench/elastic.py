@@ -3,9 +3,10 @@
 Runs of the same paced training loop (a small MLP, 0.1 s per step, a commit every 2
 steps), each losing host 2 (every process on it SIGKILLed) at the same step:
 
-- hora elastic on Spark (`np=4, min_np=2, max_np=4`): seconds from the loss to the first step at
-  2 ranks; host 2 is brought back once the run is small, and seconds from its return (its
-  executor registered again) to the first step at 4 ranks;
+- hora elastic on Spark (`np=4, min_np=2, max_np=4`), in place (host 1's ranks keep their
+  processes; new tasks join them) and by today's restart (`HORA_ELASTIC_IN_PLACE=0`): seconds
+  from the loss to the first step at 2 ranks; host 2 is brought back once the run is small, and
+  seconds from its return (its executor registered again) to the first step at 4 ranks;
 - hora fixed-size on Spark (`np=4, max_restarts=1`, today's restart): it waits for a
   replacement, so host 2 is brought back at once; seconds from the loss to the first step at 4
   ranks (the replacement's time included, and printed apart);
@@ -161,15 +162,16 @@ class Fault(threading.Thread):
         self.replaced_in = self.back_at - began
 
 
-def run_hora(cluster: Any, whole: Any, elastic: bool) -> dict[str, float]:
+def run_hora(cluster: Any, whole: Any, elastic: bool, in_place: bool = True) -> dict[str, float]:
     import hora
 
     folder = tempfile.mkdtemp(prefix="hora-bench-elastic-")
     fault = Fault(cluster, folder, SMALL_MARK if elastic else None, whole)
     fault.start()
     sizes = {"min_np": 2, "max_np": 4} if elastic else {"max_restarts": 1}
+    env = {"HORA_ELASTIC_IN_PLACE": "1" if in_place else "0"}
     try:
-        hora.run(hora_job, (folder, 4), np=4, backend="spark", timeout=600, **sizes)
+        hora.run(hora_job, (folder, 4), np=4, backend="spark", timeout=600, env=env, **sizes)
     finally:
         fault.done.set()
         fault.join()
@@ -312,8 +314,12 @@ def main() -> None:
             wait_for_ray_cpus(4)
             rows: dict[str, dict[str, float]] = {}
             if args.only in (None, "hora"):
-                rows["hora elastic (Spark)"] = run_hora(cluster, make_whole, elastic=True)
-                make_whole(cluster)
+                for in_place in (True, False):
+                    how = "in place" if in_place else "restart"
+                    rows[f"hora elastic {how} (Spark)"] = run_hora(
+                        cluster, make_whole, elastic=True, in_place=in_place
+                    )
+                    make_whole(cluster)
             if args.only in (None, "fixed"):
                 rows["hora fixed-size restart (Spark)"] = run_hora(cluster, make_whole, False)
                 make_whole(cluster)
