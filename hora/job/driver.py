@@ -245,7 +245,7 @@ class Job:
             timeline,
             self.metrics,
             self.output_files,
-            self._growth(attempt, in_place is not None and _grows(group)),
+            self._growth(attempt, in_place is not None and _grows(group), group),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()
@@ -280,11 +280,13 @@ class Job:
             env=env,
         )
 
-    def _growth(self, attempt: Attempt, in_place: bool = False) -> callbacks.WatchGrowth | None:
+    def _growth(
+        self, attempt: Attempt, in_place: bool = False, group: StartableGroup | None = None
+    ) -> callbacks.WatchGrowth | None:
         """A watch for returning slots: while the attempt runs below max_np, to grow by a
         restart (while the budget has an attempt left) or, `in_place` (its engine re-forms
         worlds and starts ranks into them), in place (spending none; also after it shrank in
-        place)."""
+        place). It counts what `group` holds beyond its ranks too (`Launcher.spare`)."""
         sizer = self.sizer
         if sizer is None:
             return None
@@ -293,7 +295,8 @@ class Job:
         restart = attempt.np < sizer.max_np and attempt.index < self.policy.max_restarts
         if not (in_place or restart):
             return None  # the run finishes at this size
-        watch = GrowthWatch(attempt.np, sizer.capacity, sizer.settle)
+        count = sizer.capacity
+        watch = GrowthWatch(attempt.np, lambda held: count(held + _spare(group)), sizer.settle)
         return callbacks.WatchGrowth(watch, sizer.max_np, restart)
 
     def _final_error(self) -> WorkerFailedError:
@@ -320,6 +323,12 @@ def _reforms(group: StartableGroup) -> bool:
 def _grows(group: StartableGroup) -> bool:
     """Whether the group's engine can start ranks into a running attempt, to grow it in place."""
     return bool(getattr(group, "grows_in_place", False))
+
+
+def _spare(group: StartableGroup | None) -> int:
+    """Ranks the group's attempt could add in what it holds already (`Launcher.spare`)."""
+    spare = getattr(group, "spare", None)
+    return int(spare()) if spare is not None else 0
 
 
 def _wait(start_timeout: float, deadline: float | None) -> float:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import queue
 
 from hora.engines.base import LaunchContext, Launcher
-from hora.environment import RankPlacement
 from hora.wire import channel
 from hora.wire.protocol import ALLOWED
 
@@ -41,9 +40,13 @@ class WorkerGroup:
         """Whether ranks can be added to the running attempt (the launcher's say)."""
         return self.launcher.grows_in_place
 
-    def add(self, ranks: list[tuple[int, RankPlacement]], env: dict[str, str]) -> None:
+    def add(self, joiners: list[tuple[int, int]], running: list[int], env: dict[str, str]) -> None:
         """Start new ranks into the running attempt, to grow it in place (`Launcher.add`)."""
-        self.launcher.add(ranks, env)
+        self.launcher.add(joiners, running, env)
+
+    def spare(self) -> int:
+        """Ranks the attempt could add in what it holds already (`Launcher.spare`)."""
+        return self.launcher.spare()
 
     def start(self) -> None:
         secret = channel.new_secret()

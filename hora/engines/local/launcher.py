@@ -40,13 +40,16 @@ class LocalLauncher(Launcher):
             self._workers.append(_start_worker(ctx, place, port, self.spec.env))
 
     def add(
-        self, ranks: list[tuple[int, environment.RankPlacement]], env: Mapping[str, str]
+        self, joiners: list[tuple[int, int]], running: list[int], env: Mapping[str, str]
     ) -> None:
         if self._ctx is None:
             raise RuntimeError("the local launcher adds ranks only to a started attempt")
-        for ident, place in ranks:
+        places = environment.placements([LOOPBACK] * (len(running) + len(joiners)))
+        for ident, rank in joiners:  # every host is this one: new ranks follow the running
             worker_env = {**self.spec.env, **env}
-            self._workers.append(_start_worker(self._ctx, place, self._port, worker_env, ident))
+            self._workers.append(
+                _start_worker(self._ctx, places[rank], self._port, worker_env, ident)
+            )
 
     def stop(self) -> None:
         stop_all(self._workers, STOP_GRACE_SECONDS)
