@@ -36,10 +36,16 @@ class SupervisedWorker:
 
 @contextmanager
 def supervised_worker(
-    conn: Connection, boot: Boot, plan: Plan, engine_env: Mapping[str, str] | None = None
+    conn: Connection,
+    boot: Boot,
+    plan: Plan,
+    engine_env: Mapping[str, str] | None = None,
+    place: int | None = None,
 ) -> Iterator[SupervisedWorker]:
     """Start `boot.rank`'s worker as `plan` says and relay it on `conn`; stop it on exit.
-    `engine_env`: what the engine adds for the rank (set last)."""
+    `engine_env`: what the engine adds for the rank (set last). `place`: the rank's index in
+    `plan.ranks` where it is not `boot.rank` (a rank started to grow a world in place has an id
+    of its own, after every id used before)."""
     rank = boot.rank
     exited = threading.Event()
 
@@ -53,7 +59,12 @@ def supervised_worker(
         exited.set()
 
     env = environment.supervised_rank_env(
-        rank, plan.ranks, plan.master, plan.use_gpu, os.environ, plan.own_gpus
+        rank if place is None else place,
+        plan.ranks,
+        plan.master,
+        plan.use_gpu,
+        os.environ,
+        plan.own_gpus,
     )
     env.update(plan.user_env)
     env.update(engine_env or {})
