@@ -13,8 +13,9 @@ killed) is reported as its rank's failure (`EngineFailed`, about 2 s after a nod
 Ray's wait for the actor's death); the other actors and their workers are kept. In an elastic
 `hvd.elastic.run` job the survivors then re-form the world in place (`hora.job.in_place`), with
 the lost actors' bundles left in the placement group (Ray reserves them again where room
-appears) until the attempt ends; otherwise hora's `max_restarts` starts the whole group again
-(a new placement group), as on Spark.
+appears) until the attempt ends, and the run grows back in place with new actors in those
+bundles (`hora.job.growing`, `hora.engines.ray.slots`); otherwise hora's `max_restarts` starts
+the whole group again (a new placement group), as on Spark.
 """
 
 from __future__ import annotations
@@ -233,7 +234,11 @@ class RayLauncher(Launcher):
         self._thread(self._join, "hora-ray-join", joiners, running, anew + kept, dict(env))
 
     def _join(
-        self, joiners: list[tuple[int, int]], running: list[int], slots: list[int], env: dict
+        self,
+        joiners: list[tuple[int, int]],
+        running: list[int],
+        slots: list[int],
+        env: dict[str, str],
     ) -> None:
         """Wait for the new actors, then start each joiner's worker with its place in the
         larger world; a failure is every joiner's (the attempt then fails, and restarts)."""
