@@ -169,6 +169,14 @@ def host_order(hosts: list[str]) -> list[int]:
     return sorted(range(len(hosts)), key=lambda slot: (first[hosts[slot]], slot))
 
 
+def joining_order(running: list[str], new: list[str]) -> list[int]:
+    """New slots (indexes into `new`, their hosts) in the order of the ranks they get after the
+    `running` ranks' (on these hosts, in rank order), who keep theirs: those on a running host
+    first, host by host as its ranks come, then new hosts, so each host's ranks stay as
+    contiguous as they can."""
+    return [slot - len(running) for slot in host_order(running + new) if slot >= len(running)]
+
+
 def threads_per_rank(local_size: int, cores: int | None = None) -> int:
     """CPU threads each rank may use so that `local_size` ranks do not oversubscribe the host."""
     cores = cores or os.cpu_count() or 1

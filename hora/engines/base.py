@@ -92,14 +92,24 @@ class Launcher(ABC):
         """Start the workers and return; progress arrives as events on `ctx.events`."""
 
     def add(
-        self, joiners: list[tuple[int, int]], running_hosts: list[str], env: Mapping[str, str]
+        self, joiners: list[tuple[int, int]], running: list[int], env: Mapping[str, str]
     ) -> None:
-        """Start one more worker per `(id, rank)` into the started attempt, to grow it in place:
-        `id` names it to the driver (its Boot's rank, never one used before), `rank` is its rank
-        in the larger world, after the running ranks, whose hosts are `running_hosts` (by rank).
-        The engine chooses the new ranks' hosts; each starts with its coordinates among all the
-        larger world's hosts. `env` is added to the attempt's. Only where `grows_in_place`."""
+        """Start one worker per `(id, rank)` into the started attempt, to grow it in place: `id`
+        names it to the driver (its Boot's rank, never one used before), `rank` is its place in
+        the larger world, after the running ranks, whose ids `running` lists in rank order.
+        The engine chooses the new workers' hosts, so it gives each its placement in the larger
+        world from every rank's host as the engine names it (`environment.joining_order` pairs
+        the new slots with the joiners); `env` is added to the attempt's. Returns at once: a
+        worker that cannot start is reported (`EngineFailed`) under its id. Only where
+        `grows_in_place`."""
         raise NotImplementedError(f"{type(self).__name__} cannot grow an attempt in place")
+
+    def spare(self) -> int:
+        """How many more ranks the started attempt could add in what it already holds, though
+        the cluster's free resources do not show it (a Ray placement group's bundles whose
+        actors were lost, reserved again on a live node): the growth watch adds it to the
+        engine's count."""
+        return 0
 
     @abstractmethod
     def stop(self) -> None:

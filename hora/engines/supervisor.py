@@ -43,8 +43,9 @@ def supervised_worker(
     place: int | None = None,
 ) -> Iterator[SupervisedWorker]:
     """Start `boot.rank`'s worker as `plan` says and relay it on `conn`; stop it on exit.
-    `engine_env`: what the engine adds for the rank (set last); `place`: the worker's rank in
-    `plan` where it is not `boot.rank` (the id the driver knows it by)."""
+    `engine_env`: what the engine adds for the rank (set last). `place`: the rank's index in
+    `plan.ranks` where it is not `boot.rank` (a rank started to grow a world in place has an id
+    of its own, after every id used before)."""
     rank = boot.rank
     exited = threading.Event()
 

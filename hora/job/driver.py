@@ -245,7 +245,9 @@ class Job:
             timeline,
             self.metrics,
             self.output_files,
-            self._growth(attempt, in_place is not None and _grows(group), in_place is not None),
+            self._growth(
+                attempt, in_place is not None and _grows(group), group, in_place is not None
+            ),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()
@@ -281,12 +283,17 @@ class Job:
         )
 
     def _growth(
-        self, attempt: Attempt, in_place: bool = False, shrinks: bool = False
+        self,
+        attempt: Attempt,
+        in_place: bool = False,
+        group: StartableGroup | None = None,
+        shrinks: bool = False,
     ) -> callbacks.WatchGrowth | None:
         """A watch for returning slots: while the attempt runs below max_np, to grow by a
         restart (while the budget has an attempt left) or, `in_place` (its engine re-forms
         worlds and starts ranks into them), in place (spending none; also after it shrank in
-        place). `shrinks`: its ranks may re-form a smaller world in place, below max_np."""
+        place). It counts what `group` holds beyond its ranks too (`Launcher.spare`).
+        `shrinks`: its ranks may re-form a smaller world in place, below max_np."""
         sizer = self.sizer
         if sizer is None:
             return None
@@ -296,7 +303,8 @@ class Job:
         restart = below and attempt.index < self.policy.max_restarts
         if not (in_place or restart):
             return None  # the run finishes at this size
-        watch = GrowthWatch(attempt.np, sizer.capacity, sizer.settle)
+        count = sizer.capacity
+        watch = GrowthWatch(attempt.np, lambda held: count(held + _spare(group)), sizer.settle)
         return callbacks.WatchGrowth(watch, sizer.max_np, restart)
 
     def _final_error(self) -> WorkerFailedError:
@@ -323,6 +331,12 @@ def _reforms(group: StartableGroup) -> bool:
 def _grows(group: StartableGroup) -> bool:
     """Whether the group's engine can start ranks into a running attempt, to grow it in place."""
     return bool(getattr(group, "grows_in_place", False))
+
+
+def _spare(group: StartableGroup | None) -> int:
+    """Ranks the group's attempt could add in what it holds already (`Launcher.spare`)."""
+    spare = getattr(group, "spare", None)
+    return int(spare()) if spare is not None else 0
 
 
 def _wait(start_timeout: float, deadline: float | None) -> float:

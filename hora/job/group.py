@@ -40,11 +40,13 @@ class WorkerGroup:
         """Whether ranks can be added to the running attempt (the launcher's say)."""
         return self.launcher.grows_in_place
 
-    def add(
-        self, joiners: list[tuple[int, int]], running_hosts: list[str], env: dict[str, str]
-    ) -> None:
+    def add(self, joiners: list[tuple[int, int]], running: list[int], env: dict[str, str]) -> None:
         """Start new ranks into the running attempt, to grow it in place (`Launcher.add`)."""
-        self.launcher.add(joiners, running_hosts, env)
+        self.launcher.add(joiners, running, env)
+
+    def spare(self) -> int:
+        """Ranks the attempt could add in what it holds already (`Launcher.spare`)."""
+        return self.launcher.spare()
 
     def start(self) -> None:
         secret = channel.new_secret()

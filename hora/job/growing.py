@@ -2,12 +2,13 @@
 
 When the growth watch sees free slots and every running rank can re-form in place (`InPlace`),
 the monitor does not ask the ranks to stop and restart: the engine starts the new ranks
-(numbered after the running ones, which keep their ranks) with the larger world's coordinates
-and its generation; each, once it has its job and called `init()`, waits at that world's
-rendezvous and says so (`Joining`). Then the running ranks are told their place in the larger
-world (`Reform`) and to re-form at their next commit (`HostsUpdated(generation)`): there the
-new ranks take the running ones' state by broadcast (`state.sync()`), and rank 0 says when
-training goes on (`Reformed`, `hora.job.in_place`). Until every new rank waits, a failure
+(numbered after the running ones, which keep their ranks) where it has room, with the larger
+world's coordinates (from their real hosts: the engine's choice) and its generation; each, once
+it has its job and called `init()`, waits at that world's rendezvous and says so (`Joining`).
+Then the running ranks are told their place in the larger world (`Reform`) and to re-form at
+their next commit (`HostsUpdated(generation)`): there the new ranks take the running ones' state
+by broadcast (`state.sync()`), and rank 0 says when training goes on (`Reformed`,
+`hora.job.in_place`). Until every new rank waits, a failure
 anywhere fails the attempt (the restart path resumes from the commit store).
 """
 
@@ -73,7 +74,6 @@ class Growth:
         ids = {self.next_id + i: rank for i, rank in enumerate(range(before, size))}
         self.next_id += len(ids)
         renumbering.now.update(ids)
-        hosts = [watched.started[r] for r in range(before)]
         why = f"free slots for {size} ranks"
         self.joiners = Joiners(
             before, size, renumbering.generation, time.monotonic() + self.start_timeout, why
@@ -81,7 +81,8 @@ class Growth:
         for rank in ids.values():
             watched.tails[rank] = deque(maxlen=self.tail_lines)
         env = {environment.GENERATION_VAR: str(renumbering.generation)}
-        group.add(list(ids.items()), hosts, env)
+        # the engine places the new ranks: it knows their hosts, and the running ranks' by id
+        group.add(list(ids.items()), [renumbering.first(r) for r in range(before)], env)
         added = ", ".join(str(r) for r in ids.values())
         say(
             f"growing in place from {before} to {size} ranks ({why}): starting rank"
@@ -131,6 +132,7 @@ class Growth:
         self.joiners = None
         watched.np = joiners.size
         renumbering.reforming = (joiners.since, joiners.before, joiners.why)
+        # every rank's host as it said in its Hello, the new ones' too: where the engine put them
         places = environment.placements([watched.started[r] for r in range(joiners.size)])
         for rank in range(joiners.before):  # every Reform before any HostsUpdated
             with contextlib.suppress(OSError):

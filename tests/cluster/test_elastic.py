@@ -9,14 +9,17 @@ standalone and Ray on every host, started once for these few jobs.
   checkpoint at each new size) and finishes. Every row of every epoch is trained once in the
   final model, which equals one process trained on the same steps, and so does the FSDP2 model.
 - Spark, the same with a Keras model (hora.tensorflow.keras.elastic's state and callbacks).
-- Ray, np=4, min_np=2: an actor's node is removed (host 2 killed) mid-epoch; host 1's actors
-  and their workers are kept, re-form a world of 2 in place (same processes) and finish;
-  every sample of every epoch once, the weights those of one process on the same steps.
+- Ray, np=4, min_np=2, max_np=4: an actor's node is removed (host 2 killed) mid-epoch; host 1's
+  actors and their workers are kept and re-form a world of 2 in place (same processes); host 2's
+  node comes back, new actors start in the placement group's lost bundles (reserved there
+  again) and the run grows back to 4 in place, host 1's ranks still in their processes; every
+  sample of every epoch once, the weights those of one process on the same steps.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,6 +185,20 @@ def test_spark_shrinks_on_a_lost_host_and_grows_back_keras(whole, tmp_path, capf
             assert abs(got - value).max() < 1e-9, (got, value)
 
 
+def _wait_for_ray_nodes(count: int, seconds: float = 120.0) -> None:
+    """Until `count` Ray nodes with CPUs are alive in the driver's view. (Their CPUs need not
+    be free: a run's placement group takes them again for the bundles it lost.)"""
+    import ray
+
+    deadline = time.monotonic() + seconds
+    while (
+        have := sum(bool(n["Alive"] and n["Resources"].get("CPU")) for n in ray.nodes())
+    ) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{have} of {count} Ray nodes alive after {seconds} s")
+        time.sleep(0.1)
+
+
 @pytest.mark.timeout(600)
 def test_spark_re_forms_in_place_on_a_lost_host_and_grows_back_in_place(whole, tmp_path, capfd):
     """Host 2 killed mid-epoch: its ranks' Spark jobs fail, host 1's tasks live on (each rank
@@ -204,33 +221,76 @@ def test_spark_re_forms_in_place_on_a_lost_host_and_grows_back_in_place(whole, t
 
 
 @pytest.mark.timeout(600)
-def test_ray_re_forms_in_place_when_an_actors_node_is_removed(whole, tmp_path, capfd):
+def test_ray_re_forms_in_place_when_an_actors_node_is_removed_and_grows_back(
+    whole, tmp_path, capfd
+):
     """Host 2's Ray node removed mid-epoch (every process on it SIGKILLed): its actors are lost,
-    host 1's are kept, and their ranks re-form a world of 2 in the same processes (no restart)
-    and finish. Nothing of the job is left on Ray: every actor killed, the placement group
-    (the lost node's bundles too) removed."""
-    plan = _jobs.Plan(str(tmp_path), full=NP, fault="host", fault_commit=1, step_seconds=0.05)
+    host 1's are kept, and their ranks re-form a world of 2 in the same processes (no restart).
+    Host 2's Ray node comes back: Ray reserves the lost bundles of the placement group on it
+    again, new actors start there, and at the next commit the run grows back to 4 in place,
+    host 1's ranks still in their processes; it finishes. Every sample of every epoch once, the
+    weights those of one process on the same steps (4, 2, then 4 ranks). Nothing of the job is
+    left on Ray: every actor (the lost ones too) killed, the placement group removed."""
+    plan = _jobs.Plan(
+        str(tmp_path),
+        full=NP,
+        fault="host",
+        fault_commit=1,
+        step_seconds=0.05,
+        wait_for_return=True,
+    )
+    back: dict[str, float] = {}
+
+    def bring_back(_: str) -> None:
+        back["asked"] = time.time()
+        whole.make_whole()  # host 2's services again: its Ray node started
+        _wait_for_ray_nodes(HOSTS)
+        back["alive"] = time.time()
+        (tmp_path / _jobs.BACK_MARK).touch()
+
     with (
         Watcher(_marked(tmp_path, _jobs.HOST_MARK), whole.kill_host) as killer,
-        timed("elastic ray: an actor's node removed, re-formed in place, finish"),
+        Watcher(_marked(tmp_path, _jobs.SMALL_MARK), bring_back),
+        timed("elastic ray: a node removed, re-formed in place, node back, grown in place"),
     ):
         results = hora.run(
             _jobs.train, (plan,), np=NP, min_np=2, max_np=NP, backend="ray", timeout=JOB_TIMEOUT
         )
     steps, worlds = _kept_steps(plan)
     logs = _jobs.read_logs(plan.folder)
-    assert sorted(logs) == [(0, 0), (0, 1)], sorted(logs)  # one attempt, re-formed once
-    assert worlds == [4, 2], worlds
-    pids = [{r: logs[0, world][r][0]["pid"] for r in range(2)} for world in (0, 1)]
-    assert pids[0] == pids[1], pids  # host 1's ranks (0 and 1) kept their processes
-    assert sorted(r["pid"] for r in results) == sorted(pids[0].values())
+    # one attempt: its first world, shrunk in place, grown back in place
+    assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)
+    assert worlds == [NP, 2, NP], worlds
+    pids = {life: {r: e[0]["pid"] for r, e in ranks.items()} for life, ranks in logs.items()}
+    kept = {r: pids[0, 0][r] for r in (0, 1)}  # host 1's ranks kept their processes
+    assert {r: pids[0, 1][r] for r in (0, 1)} == kept, pids
+    assert {r: pids[0, 2][r] for r in (0, 1)} == kept, pids
+    new = {pids[0, 2][r] for r in (2, 3)}
+    assert not new & {*kept.values(), pids[0, 0][2], pids[0, 0][3]}, pids  # new processes
+    assert [r["pid"] for r in results] == [pids[0, 2][r] for r in range(NP)]
+    assert [r["world"] for r in results] == [NP] * NP
     want = _jobs.reference(plan, steps)
     for r in results:
         for key, value in want.items():
             torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
-    assert {r["host"] for r in results} == {h.name for h in whole.hosts} - {killer.value}
+    hosts = [r["host"] for r in results]
+    assert hosts[2] == hosts[3] == killer.value and hosts[0] == hosts[1] != killer.value, hosts
     err = capfd.readouterr().err
     assert "hora: restarting" not in err and "hora: resizing from" not in err, err
     gone = rf"hora: resized in place from 4 to 2 ranks in [0-9.]+ s \(lost {killer.value}: "
     assert re.search(gone + r".*; also lost: rank \d\); the ranks went on from commit", err), err
+    assert (
+        "hora: growing in place from 2 to 4 ranks (free slots for 4 ranks): starting ranks "
+        "2, 3; the running ranks keep their processes" in err
+    ), err
+    grew = r"hora: resized in place from 2 to 4 ranks in ([0-9.]+) s \(free slots for 4 ranks\)"
+    seconds = re.search(grew, err)
+    assert seconds, err
+    first_at_4 = min(e["t"] for r in range(NP) for e in logs[0, 2][r] if "n" in e)
+    note(
+        f"  ray grew in place: host back (its Ray node alive) -> first step at 4 ranks "
+        f"{first_at_4 - back['alive']:.2f} s (from the restart of its services "
+        f"{first_at_4 - back['asked']:.2f} s; the driver's growth to training on "
+        f"{seconds.group(1)} s)"
+    )
     assert not live_actors() and not live_placement_groups()

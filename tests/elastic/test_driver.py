@@ -201,7 +201,8 @@ class GrowsInPlace(FakeGroup):
     def __init__(self, able: bool) -> None:
         super().__init__([], {})
         self.able = able
-        self.added: list[tuple[int, object]] = []
+        self.added: list[tuple[int, int]] = []
+        self.running: list[int] = []
         self.add_env: dict[str, str] = {}
 
     def start(self) -> None:
@@ -212,11 +213,11 @@ class GrowsInPlace(FakeGroup):
             self.events.put((conn, InPlace(rank, self.able, grows=self.able)))
         threading.Thread(target=self._answer, daemon=True).start()
 
-    def add(self, ranks, env) -> None:
-        self.added, self.add_env = list(ranks), dict(env)
-        for ident, _ in ranks:
+    def add(self, joiners, running, env) -> None:
+        self.added, self.running, self.add_env = list(joiners), list(running), dict(env)
+        for ident, _ in joiners:  # on a host of its own: the engine's choice
             conn = FakeConnection()
-            self.events.put((conn, Hello(ident, 1000 + ident, "fakehost")))
+            self.events.put((conn, Hello(ident, 1000 + ident, "newhost")))
             self.events.put((conn, Joining(ident)))
 
     def _answer(self) -> None:
@@ -250,12 +251,13 @@ def test_ranks_that_can_re_form_grow_in_place_the_others_by_a_restart(tmp_path, 
     assert results == ["value 0", "value 1", "value 2"] and len(groups) == 1  # no restart
     first = groups[0]
     assert isinstance(first, GrowsInPlace)
-    [(ident, place)] = first.added
-    assert ident == 2 and (place.rank, place.size) == (2, 3)
+    assert first.added == [(2, 2)] and first.running == [0, 1]  # (id, rank), running ids
     assert first.add_env == {"HORA_WORLD_GENERATION": "1"}
     for rank, conn in enumerate(first.conns):  # its place in the larger world, then the word
         orders = [m for m in conn.sent if isinstance(m, Reform)]
-        assert [(o.rank, o.size, o.generation) for o in orders] == [(rank, 3, 1)]
+        # the new rank's host (its Hello's) counts: a second host in the world
+        got = [(o.rank, o.size, o.local_size, o.cross_rank, o.cross_size) for o in orders]
+        assert got == [(rank, 3, 2, 0, 2)] and orders[0].generation == 1
         assert conn.sent.index(orders[0]) < conn.sent.index(HostsUpdated(1))
     err = capfd.readouterr().err
     assert (

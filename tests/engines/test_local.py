@@ -70,6 +70,14 @@ def test_placements_across_hosts():
     assert {p.cross_size for p in places} == {3}
 
 
+def test_joining_ranks_follow_the_running_ones_host_by_host():
+    """New slots on a running host come first (that host's ranks as contiguous as they can
+    be), new hosts after, in the order of their slots."""
+    running = ["a", "a", "b"]
+    assert environment.joining_order(running, ["c", "b", "c", "a"]) == [3, 1, 0, 2]
+    assert environment.joining_order([], ["x", "y", "x"]) == [0, 2, 1]
+
+
 @pytest.mark.parametrize(
     ("how", "story"),
     [

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,23 +84,43 @@ def test_killed_actor_without_restarts_fails_with_the_story():
     assert str(info.value).startswith("the Ray actor of rank 0 failed: its Ray actor died")
 
 
-def test_an_elastic_run_re_forms_in_place_around_a_killed_actor(tmp_path, capfd):
+def test_an_elastic_run_re_forms_in_place_around_a_killed_actor_and_grows_back(
+    tmp_path, monkeypatch, capfd
+):
     """np=3, min_np=2 under hvd.elastic.run: rank 2 SIGKILLs its own actor mid-epoch and lives
     on, an orphan; hora closes its channel (it dies, else the others would wait for it for
-    ever), ranks 0 and 1 keep their actors and processes, become a world of 2 and finish. Every
-    sample of every epoch is trained once in the final model, which equals one process trained
-    on the same steps."""
-    plan = _elastic.Plan(str(tmp_path), full=3, fault="actor", fault_commit=2)
+    ever), ranks 0 and 1 keep their actors and processes and become a world of 2. The lost
+    actor's bundle is still the placement group's: after the settle time a new actor in it
+    starts a new rank 2, and at the survivors' next commit (held until it waits to join) the
+    three re-form a world of 3 and finish. Every sample of every epoch is trained once in the
+    final model, which equals one process trained on the same steps."""
+    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
+    Path(tmp_path, _elastic.BACK_MARK).touch()  # the bundle is there as soon as the actor died
+    # as tests/elastic/test_in_place.py: 36 samples at 3 ranks, 24 at 2, 36 left for 3
+    plan = _elastic.Plan(
+        str(tmp_path),
+        full=3,
+        samples=96,
+        commit_every=3,
+        fault="actor",
+        fault_commit=1,
+        wait_for_return=True,
+    )
     results = hora.run(_elastic.train, (plan,), np=3, min_np=2, backend="ray", timeout=240)
     steps, worlds, starts = _elastic.kept_steps(str(tmp_path))
     logs = _elastic.read_logs(str(tmp_path))
-    assert sorted(logs) == [(0, 0), (0, 1)], sorted(logs)  # one attempt, re-formed once
-    assert worlds == [3, 2], worlds
-    pids = [{r: logs[0, world][r][0]["pid"] for r in range(2)} for world in (0, 1)]
-    assert pids[0] == pids[1], pids
-    assert sorted(r["pid"] for r in results) == sorted(pids[0].values())
+    # one attempt: its first world, shrunk in place, grown back in place
+    assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)
+    assert worlds == [3, 2, 3], worlds
+    pids = {life: {r: e[0]["pid"] for r, e in ranks.items()} for life, ranks in logs.items()}
+    survivors = {0: pids[0, 0][0], 1: pids[0, 0][1]}
+    assert {r: pids[0, 1][r] for r in (0, 1)} == survivors, pids
+    assert {r: pids[0, 2][r] for r in (0, 1)} == survivors, pids
+    assert pids[0, 2][2] not in (*survivors.values(), pids[0, 0][2]), pids  # a new process
+    assert [r["pid"] for r in results] == [survivors[0], survivors[1], pids[0, 2][2]]
     epochs = _elastic.samples_per_epoch(steps)
     assert epochs == {e: list(range(plan.samples)) for e in range(plan.epochs)}
+    assert [r["world"] for r in results] == [3, 3, 3]
     want = _elastic.reference(plan, steps)
     for r in results:
         for key, value in want.items():
@@ -109,6 +130,14 @@ def test_an_elastic_run_re_forms_in_place_around_a_killed_actor(tmp_path, capfd)
     assert re.search(
         r"hora: resized in place from 3 to 2 ranks in [0-9.]+ s \(the Ray actor of rank 2 "
         rf"failed: its Ray actor died .*\); the ranks went on from commit {starts[1]}",
+        err,
+    ), err
+    assert (
+        "hora: growing in place from 2 to 3 ranks (free slots for 3 ranks): starting rank 2" in err
+    )
+    assert re.search(
+        r"hora: resized in place from 2 to 3 ranks in [0-9.]+ s \(free slots for 3 ranks\); "
+        rf"the ranks went on from commit {starts[2]}",
         err,
     ), err
 

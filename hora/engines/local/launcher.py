@@ -40,12 +40,12 @@ class LocalLauncher(Launcher):
             self._workers.append(_start_worker(ctx, place, port, self.spec.env))
 
     def add(
-        self, joiners: list[tuple[int, int]], running_hosts: list[str], env: Mapping[str, str]
+        self, joiners: list[tuple[int, int]], running: list[int], env: Mapping[str, str]
     ) -> None:
         if self._ctx is None:
             raise RuntimeError("the local launcher adds ranks only to a started attempt")
-        places = environment.placements([*running_hosts, *[LOOPBACK] * len(joiners)])
-        for ident, rank in joiners:
+        places = environment.placements([LOOPBACK] * (len(running) + len(joiners)))
+        for ident, rank in joiners:  # every host is this one: new ranks follow the running
             worker_env = {**self.spec.env, **env}
             self._workers.append(
                 _start_worker(self._ctx, places[rank], self._port, worker_env, ident)

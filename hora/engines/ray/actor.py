@@ -38,11 +38,13 @@ class RankSupervisor:
             "pid": os.getpid(),
         }
 
-    def run(self, plan: Plan, boot: Boot) -> int | None:
-        """Start the rank's worker and relay it to the driver; returns its exit code."""
+    def run(self, plan: Plan, boot: Boot, place: int | None = None) -> int | None:
+        """Start the rank's worker and relay it to the driver; returns its exit code. `place`:
+        the rank's index in `plan` where it is not `boot.rank` (a rank joining a world grown in
+        place). Called again when the last worker died under a live actor."""
         conn = channel.connect(boot.address, boot.secret, ALLOWED)
         try:
-            with supervised_worker(conn, boot, plan) as worker:
+            with supervised_worker(conn, boot, plan, place=place) as worker:
                 while not (worker.exited.is_set() or self._stop.wait(0.05)):
                     pass
         finally:

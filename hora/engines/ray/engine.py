@@ -13,8 +13,9 @@ killed) is reported as its rank's failure (`EngineFailed`, about 2 s after a nod
 Ray's wait for the actor's death); the other actors and their workers are kept. In an elastic
 `hvd.elastic.run` job the survivors then re-form the world in place (`hora.job.in_place`), with
 the lost actors' bundles left in the placement group (Ray reserves them again where room
-appears) until the attempt ends; otherwise hora's `max_restarts` starts the whole group again
-(a new placement group), as on Spark.
+appears) until the attempt ends, and the run grows back in place with new actors in those
+bundles (`hora.job.growing`, `hora.engines.ray.slots`); otherwise hora's `max_restarts` starts
+the whole group again (a new placement group), as on Spark.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from hora import _shipping, environment
 from hora.engines.base import AttemptSpec, LaunchContext, Launcher
 from hora.engines.ray.actor import RankSupervisor
 from hora.engines.ray.shipping import hora_runtime_env
+from hora.engines.ray.slots import Slots
 from hora.engines.rendezvous import host_store
 from hora.engines.supervisor import STOP_GRACE_SECONDS
 from hora.wire.protocol import EngineFailed, Plan
@@ -58,6 +61,7 @@ class RayLauncher(Launcher):
 
     multi_host = True
     reforms_in_place = True  # a lost actor takes only its own rank's worker with it
+    grows_in_place = True  # new actors go in the lost ones' bundles (`hora.engines.ray.slots`)
 
     def __init__(self, spec: AttemptSpec):
         ray = _ray()
@@ -81,44 +85,59 @@ class RayLauncher(Launcher):
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self._group: Any = None
-        self._actors: list[Any] = []
-        self._runs: dict[Any, int] = {}  # each actor's `run` reference -> its rank
+        self._slots = Slots()
+        self._actors: list[Any] = []  # by slot
+        self._replaced: list[Any] = []  # lost actors whose slots got new ones
+        self._runs: dict[Any, tuple[int, int]] = {}  # each running `run` reference -> (id, slot)
+        self._ended: list[Any] = []  # the `run` references that returned or failed
+        self._where: dict[int, dict[str, Any]] = {}  # id -> its actor's `where()`
         self._store: Any = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._ctx: LaunchContext | None = None
+        self._actor_class: Any = None
 
     def start(self, ctx: LaunchContext) -> None:
-        ray = _ray()
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         self._ctx = ctx
         self._store, port = host_store(self.channel_host)
         self._master = (self.channel_host, port)
+        slots = self._new_group(self.spec.np, self.tag)
+        for slot in slots:
+            self._actors.append(self._actor(slot, f"{self.tag}-slot-{slot}"))
+        self._thread(self._run, "hora-ray")
+
+    def _new_group(self, bundles: int, name: str) -> list[int]:
+        """A placement group of `bundles` ranks' bundles, with the launcher's strategy."""
+        from ray.util.placement_group import placement_group
+
         bundle = {"CPU": self.cpus, "GPU": self.gpus}
         bundle = {k: v for k, v in bundle.items() if v > 0}
-        self._group = placement_group(
-            [bundle] * self.spec.np, strategy=self.strategy, name=self.tag
-        )
-        actor_class = ray.remote(RankSupervisor)
-        for slot in range(self.spec.np):
-            self._actors.append(
-                actor_class.options(
-                    num_cpus=self.cpus,
-                    num_gpus=self.gpus,
-                    max_restarts=0,
-                    max_task_retries=0,
-                    max_concurrency=4,  # `stop` must get through while `run` waits
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        self._group, placement_group_bundle_index=slot
-                    ),
-                    name=f"{self.tag}-slot-{slot}",
-                    runtime_env=self.runtime_env,
-                ).remote(self.cpus)
-            )
-        self._thread = threading.Thread(target=self._run, name="hora-ray", daemon=True)
-        self._thread.start()
+        group = placement_group([bundle] * bundles, strategy=self.strategy, name=name)
+        return self._slots.add_group(group, bundles)
+
+    def _actor(self, slot: int, name: str) -> Any:
+        """A new actor in `slot`'s bundle (Ray starts it once the bundle is reserved)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if self._actor_class is None:
+            self._actor_class = _ray().remote(RankSupervisor)
+        where = self._slots.where[slot]
+        return self._actor_class.options(
+            num_cpus=self.cpus,
+            num_gpus=self.gpus,
+            max_restarts=0,
+            max_task_retries=0,
+            max_concurrency=4,  # `stop` must get through while `run` waits
+            scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self._slots.groups[where.group], placement_group_bundle_index=where.bundle
+            ),
+            name=name,
+            runtime_env=self.runtime_env,
+        ).remote(self.cpus)
+
+    def _thread(self, target: Any, name: str, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def _run(self) -> None:
         """Wait for every actor, hand each its plan, then watch for actors that die."""
@@ -126,9 +145,7 @@ class RayLauncher(Launcher):
         ctx = self._ctx
         assert ctx is not None
         try:
-            where = ray.get([actor.where.remote() for actor in self._actors])
-            if self.one_machine:
-                where = [w | {"host": LOOPBACK} for w in where]
+            where = self._located(ray, list(range(self.spec.np)))
             # Ranks are numbered host by host (as Horovod and torchrun do), whatever bundle
             # order the placement group chose.
             order = environment.host_order([w["host"] for w in where])
@@ -138,21 +155,45 @@ class RayLauncher(Launcher):
                 if self._stopping.is_set():
                     return
                 for rank, slot in enumerate(order):
+                    self._where[rank] = where[slot]
                     run = self._actors[slot].run.remote(plan, ctx.boot(rank))
-                    self._runs[run] = rank
+                    self._runs[run] = (rank, slot)
         except Exception as exc:
             if not self._stopping.is_set():
                 ctx.report(EngineFailed(0, f"Ray could not start the ranks: {exc}", ""))
             return
-        pending = list(self._runs)
-        while pending and not self._stopping.is_set():
-            done, pending = ray.wait(pending, num_returns=1, timeout=0.2)
+        while not self._stopping.is_set():
+            with self._lock:
+                pending = list(self._runs)
+            if not pending:  # every rank ended; a growth may add more while the attempt lasts
+                self._stopping.wait(0.2)
+                continue
+            done, _ = ray.wait(pending, num_returns=1, timeout=0.2)
             for ref in done:
-                try:
-                    ray.get(ref)
-                except Exception as exc:
-                    if not self._stopping.is_set():
-                        self._lost(self._runs[ref], exc)
+                self._ended_run(ray, ref)
+
+    def _located(self, ray: Any, slots: list[int]) -> list[dict[str, Any]]:
+        """Where the actors of `slots` are (their `where()`), hosts as hora's traffic names them."""
+        where = ray.get([self._actors[slot].where.remote() for slot in slots])
+        return [w | {"host": LOOPBACK} for w in where] if self.one_machine else where
+
+    def _ended_run(self, ray: Any, ref: Any) -> None:
+        """A rank's `run` returned (its worker exited) or failed (its actor died): a failure is
+        the rank's, and a slot whose rank did not end cleanly may run a new one."""
+        with self._lock:
+            ident, slot = self._runs.pop(ref)
+            self._ended.append(ref)
+        try:
+            code = ray.get(ref)
+        except Exception as exc:
+            if not self._stopping.is_set():
+                with self._lock:
+                    self._slots.ended(slot, actor_alive=False)
+                self._lost(ident, exc)
+            return
+        if code != 0 and not self._stopping.is_set():
+            with self._lock:
+                self._slots.ended(slot, actor_alive=True)
 
     def _lost(self, rank: int, exc: BaseException) -> None:
         """An actor died under its rank: the node was lost or its process killed."""
@@ -167,28 +208,101 @@ class RayLauncher(Launcher):
             )
         )
 
+    # -- growing in place -------------------------------------------------------------------
+    def add(
+        self, joiners: list[tuple[int, int]], running: list[int], env: Mapping[str, str]
+    ) -> None:
+        """New ranks in the slots of ranks that ended (a lost actor's bundle gets a new actor,
+        once Ray has it reserved; a live actor whose worker died runs the new rank itself); any
+        more in a placement group of their own. Their hosts are known once their actors say
+        where they are: then they are paired with the joiners (`environment.joining_order`)."""
+        with self._lock:
+            if self._ctx is None or self._stopping.is_set():
+                raise RuntimeError("the Ray launcher adds ranks only to a running attempt")
+            anew, kept = self._slots.take(len(joiners))
+            more = len(joiners) - len(anew) - len(kept)
+            if more:
+                anew += self._new_group(more, f"{self.tag}-grown-{joiners[0][0]}")
+            for slot in anew:
+                name = f"{self.tag}-slot-{slot}-{joiners[0][0]}"
+                actor = self._actor(slot, name)
+                if slot < len(self._actors):
+                    self._replaced.append(self._actors[slot])  # the lost one: killed at stop
+                    self._actors[slot] = actor
+                else:
+                    self._actors.append(actor)
+        self._thread(self._join, "hora-ray-join", joiners, running, anew + kept, dict(env))
+
+    def _join(
+        self,
+        joiners: list[tuple[int, int]],
+        running: list[int],
+        slots: list[int],
+        env: dict[str, str],
+    ) -> None:
+        """Wait for the new actors, then start each joiner's worker with its place in the
+        larger world; a failure is every joiner's (the attempt then fails, and restarts)."""
+        ray = _ray()
+        ctx = self._ctx
+        assert ctx is not None
+        try:
+            where = self._located(ray, slots)
+            before = [self._where[ident] for ident in running]
+            order = environment.joining_order(
+                [w["host"] for w in before], [w["host"] for w in where]
+            )
+            ranks = before + [where[i] for i in order]
+            plan = Plan(ranks, self._master, self.use_gpu, {**self.spec.env, **env}, os.getcwd())
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                for (ident, rank), i in zip(
+                    sorted(joiners, key=lambda j: j[1]), order, strict=True
+                ):
+                    self._where[ident] = where[i]
+                    run = self._actors[slots[i]].run.remote(plan, ctx.boot(ident), rank)
+                    self._runs[run] = (ident, slots[i])
+        except Exception as exc:
+            if not self._stopping.is_set():
+                for ident, _ in joiners:
+                    ctx.report(EngineFailed(ident, f"Ray could not start the rank: {exc}", ""))
+
+    def spare(self) -> int:
+        """Free slots whose bundle Ray holds reserved on a live node (`Slots.spare`)."""
+        ray = _ray()
+        with self._lock:
+            if not self._slots.free or self._stopping.is_set():
+                return 0
+        live = {n["NodeID"] for n in ray.nodes() if n.get("Alive") and _answers(n)}
+        with self._lock:
+            return self._slots.spare(ray.util.placement_group_table, live)
+
     def stop(self) -> None:
         self._stopping.set()
-        if self._group is None:
+        if not self._slots.groups:
             return
         ray = _ray()
         with self._lock:
-            runs = list(self._runs)
-        for actor in self._actors:  # a lost one's among them: the others must hear it all the same
+            runs = list(self._runs) + self._ended
+            actors, groups = self._actors + self._replaced, list(self._slots.groups)
+        for actor in actors:  # a lost one's among them: the others must hear it all the same
             with contextlib.suppress(Exception):
                 actor.stop.remote()
         with contextlib.suppress(Exception):
             if runs:
                 ray.wait(runs, num_returns=len(runs), timeout=STOP_GRACE_SECONDS + 1.0)
-        for actor in self._actors:
+        for actor in actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
-        with contextlib.suppress(Exception):  # with it the lost actors' bundles, wherever Ray
-            ray.util.remove_placement_group(self._group)  # reserved them again
-        if self._thread is not None:
-            self._thread.join(timeout=KILL_WAIT_SECONDS)
-        _wait_gone(ray, self._actors)
-        self._actors, self._runs, self._group, self._thread = [], {}, None, None
+        for group in groups:  # with them the lost actors' bundles, wherever Ray reserved them
+            with contextlib.suppress(Exception):  # again
+                ray.util.remove_placement_group(group)
+        for thread in self._threads:
+            thread.join(timeout=KILL_WAIT_SECONDS)
+        _wait_gone(ray, actors)
+        self._actors, self._replaced, self._runs, self._ended = [], [], {}, []
+        self._threads = []
+        self._slots = Slots()
         self._store = None
 
 

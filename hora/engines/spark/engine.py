@@ -139,11 +139,11 @@ class SparkLauncher(Launcher):
         self._np = spec.np
         self._user_env = dict(spec.env)
         self._lock = threading.Lock()
-        self._world = World()  # every task's report, and which rank each runs now
+        self._world = World()  # every task's report, to number the ranks they run
         self._tasks = self._world.tasks  # by Spark task (partition, or slot)
         self._rank_of: dict[int, int] = {}  # Spark task -> the rank the driver knows it by
         self._slots = spec.np  # tasks started so far, ranks added to grow in place included
-        self._joining: tuple[list[tuple[int, int]], list[str], dict[str, str]] | None = None
+        self._joining: tuple[list[tuple[int, int]], list[int], dict[str, str]] | None = None
         self._joining_slots: list[int] = []
         self._supervisors: dict[int, channel.Connection] = {}
         self._exited: set[int] = set()
@@ -220,7 +220,6 @@ class SparkLauncher(Launcher):
             self._report(EngineFailed(rank, failure.summary, failure.detail, who))
             return
         rank = self._rank_of.get(task, task)  # before the plan, a task's rank is not yet chosen
-        self._world.lose(task)
         host = failure.host or self._tasks.get(task, {}).get("host")
         where = f"Spark task {task}" + (f" on host {host}" if host else "")
         if self._planned and not failure.before_start:
@@ -243,7 +242,6 @@ class SparkLauncher(Launcher):
             elif isinstance(message, Output | Exited) and conn.peer == message.rank:
                 if isinstance(message, Exited):
                     self._exited.add(message.rank)
-                    self._world.lose(self._slot_of(message.rank))
                 self._report(message)
 
     def _register(self, conn: channel.Connection, task: int, info: dict[str, Any]) -> None:
@@ -307,7 +305,7 @@ class SparkLauncher(Launcher):
 
     # -- growing in place ---------------------------------------------------------------------
     def add(
-        self, joiners: list[tuple[int, int]], running_hosts: list[str], env: Mapping[str, str]
+        self, joiners: list[tuple[int, int]], running: list[int], env: Mapping[str, str]
     ) -> None:
         """Start one task per `(id, rank)` as a job of its own; once all are up, each gets its
         place in the larger world (its host is Spark's choice, known only then)."""
@@ -317,7 +315,7 @@ class SparkLauncher(Launcher):
             first = self._slots
             self._slots += len(joiners)
             self._joining_slots = list(range(first, self._slots))
-            self._joining = (list(joiners), list(running_hosts), dict(env))
+            self._joining = (list(joiners), [self._slot_of(i) for i in running], dict(env))
             # until their hosts are known, a failure of a task is that of some new rank
             self._rank_of.update(zip(self._joining_slots, (i for i, _ in joiners), strict=True))
         for slot in self._joining_slots:
@@ -328,9 +326,9 @@ class SparkLauncher(Launcher):
         """Every added task is up: place them after the running ranks and start their ranks."""
         with self._lock:
             assert self._joining is not None
-            joiners, running_hosts, env = self._joining
+            joiners, running, env = self._joining
             slots, self._joining = self._joining_slots, None
-            ranks = self._world.grow(slots, len(running_hosts))
+            ranks, added = self._world.grow(running, slots)
         plan = Plan(
             ranks=ranks,
             master=self._master,
@@ -338,7 +336,6 @@ class SparkLauncher(Launcher):
             user_env={**self._user_env, **env},
             cwd=os.getcwd(),
         )
-        added = self._world.order[-len(slots) :]
         for (ident, rank), slot in zip(sorted(joiners, key=lambda j: j[1]), added, strict=True):
             self._rank_of[slot] = ident
             conn = self._supervisors[slot]
@@ -353,7 +350,6 @@ class SparkLauncher(Launcher):
         if not self._planned:  # no rank started: another task failed, and the stage says which
             return
         task = self._slot_of(rank)
-        self._world.lose(task)
         host = self._tasks.get(task, {}).get("host")
         several = len({info.get("host") for info in self._tasks.values()}) > 1
         self._report(
