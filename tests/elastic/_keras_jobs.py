@@ -4,7 +4,8 @@ UpdateEpochStateCallback, UpdateBatchStateCallback, CommitStateCallback every 2 
 
 Keras 3 fixes an epoch's steps when `fit` starts, so each epoch is one `fit` over the samples the
 epoch has left: a plain value of the state, `samples`, counts the epoch's samples done (every
-step takes `world * batch` of them, in a fixed order per epoch; rank r takes the r-th `batch`),
+step takes `world * batch` of them, in a fixed order per epoch; rank r takes the r-th `batch`;
+an epoch's last step may share out fewer, as a world re-formed in place can leave them),
 advanced by a callback before each commit. The rank and the size are read in each world (a lost
 rank's survivors re-form in place, renumbered), and steps are logged as `_jobs.train` logs them
 (by attempt and world within it), so the same readers check them; `reference` fits the kept
@@ -48,6 +49,14 @@ def _order(epoch: int, samples: int) -> list[int]:
     return [int(i) for i in np.random.default_rng(100 + epoch).permutation(samples)]
 
 
+def _each(plan: _jobs.Plan, world: int, position: int) -> int:
+    """Each rank's batch at `position`: a full one, or an even share of the epoch's last samples
+    (a world re-formed in place may leave fewer than a full step of them)."""
+    left = plan.samples - position
+    assert left % world == 0, (left, world)
+    return min(plan.batch, left // world)
+
+
 def train(plan: _jobs.Plan) -> dict[str, Any]:
     import keras
 
@@ -76,8 +85,9 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
             f.write(json.dumps(entry) + "\n")
 
     def rows(epoch: int, position: int) -> list[int]:
-        start = position + me["rank"] * plan.batch
-        return _order(epoch, plan.samples)[start : start + plan.batch]
+        take = _each(plan, me["world"], position)
+        start = position + me["rank"] * take
+        return _order(epoch, plan.samples)[start : start + take]
 
     class Feed(keras.callbacks.Callback):
         """Logs each step's samples, advances `state.samples`, strikes the test's faults."""
@@ -101,7 +111,7 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
                 }
             )
             self.n += 1
-            state.samples += world * plan.batch
+            state.samples += world * _each(plan, world, state.samples)
             commits = state.commit_index - self.start
             _jobs._maybe_fault(plan, attempt, me["call"], rank, world, commits)
             time.sleep(plan.step_seconds)
@@ -120,7 +130,7 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
     def batches(epoch: int, position: int):
         while True:
             idx = rows(epoch, position)
-            position += me["world"] * plan.batch
+            position += me["world"] * _each(plan, me["world"], position)
             yield x[idx], y[idx]
 
     @hvd.elastic.run
@@ -132,7 +142,7 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
         feed.start, feed.n, feed.waited = start, 0, False
         per_step = me["world"] * plan.batch
         while state.epoch < plan.epochs:
-            steps = (plan.samples - state.samples) // per_step
+            steps = -(-(plan.samples - state.samples) // per_step)  # the last one maybe short
             model.fit(
                 batches(state.epoch, state.samples),
                 steps_per_epoch=steps,
