@@ -10,11 +10,13 @@ steps), each losing host 2 (every process on it SIGKILLed) at the same step:
 - hora fixed-size on Spark (`np=4, max_restarts=1`, today's restart): it waits for a
   replacement, so host 2 is brought back at once; seconds from the loss to the first step at 4
   ranks (the replacement's time included, and printed apart);
-- hora elastic on Ray (`np=4, min_np=2, max_np=4`, `--reps` runs of each, alternating): the
-  survivors re-formed in place, against today's restart (`HORA_ELASTIC_IN_PLACE=0`): seconds
-  from the loss to the first step at 2 ranks (host 2 comes back after each run);
+- hora elastic on Ray (`np=4, min_np=2, max_np=4`, `--reps` runs of each, alternating): in
+  place (the survivors re-form; new actors in the lost bundles once the node is back), against
+  today's restarts (`HORA_ELASTIC_IN_PLACE=0`): seconds from the loss to the first step at 2
+  ranks, and from the node's return (alive in the driver's view) to the first step at 4;
 - Ray Train's elastic `ScalingConfig(num_workers=(2, 4))` on the same hosts' Ray nodes (Ray
-  2.60's Train v2): seconds from the loss to the first step at the smaller size.
+  2.60's Train v2, its resize check every 5 s as hora's settle time): seconds from the loss to
+  the first step at the smaller size, and from the node's return to the first step at 4.
 
     sudo .venv/bin/python bench/elastic.py [--only hora|fixed|ray|ray-train] [--reps 3]
     .venv/bin/python bench/elastic.py --commit-cost   # what one commit costs, no cluster
@@ -57,10 +59,13 @@ def _lose_host_here(folder: str) -> None:
     time.sleep(3600)
 
 
-def hora_job(folder: str, full: int, small_steps: int | None = None) -> None:
+def hora_job(
+    folder: str, full: int, small_steps: int | None = None, grown_steps: int | None = None
+) -> None:
     """The paced loop under hvd.elastic: a commit every 2 steps (kept on each host). A world
     re-formed in place calls `loop` again in the same process (with its own rank and size);
-    with `small_steps`, the run ends that many steps past the loss once it is small."""
+    with `small_steps`, the run ends that many steps past the loss once it is small; with
+    `grown_steps`, that many steps after it is back at `full` after the loss."""
     import torch
 
     import hora.torch as hvd
@@ -79,9 +84,13 @@ def hora_job(folder: str, full: int, small_steps: int | None = None) -> None:
     def loop(state: Any) -> None:
         rank, world, first = hvd.rank(), hvd.size(), attempt == 0 and calls[0] == 0
         calls[0] += 1
+        began = state.step
         while state.step < STEPS:
             if small_steps is not None and world < full and state.step >= LOSE_AT + small_steps:
                 return  # the figure is in (every rank has the same step)
+            grown = not first and world == full
+            if grown and grown_steps is not None and state.step >= began + grown_steps:
+                return  # back at full size for a while: the figure is in
             x = torch.randn(16, 32)
             state.optimizer.zero_grad()
             state.model(x).pow(2).mean().backward()
@@ -119,9 +128,11 @@ def ray_train_loop(config: dict[str, Any]) -> None:
         first = not Path(folder, HOST_MARK).exists()
         if first and world == config["full"] and rank == world - 1 and step == LOSE_AT:
             _lose_host_here(folder)
+        if world < config["full"] and rank == 0:
+            Path(folder, SMALL_MARK).touch()  # the bench brings the host back
         time.sleep(STEP_SECONDS)
-        if step > LOSE_AT + 30 and world < config["full"]:
-            return  # the figure is in: the smaller world has trained for a while
+        if not first and world == config["full"] and step >= 20:
+            return  # back at full size for a while: the figure is in
 
 
 def _steps(folder: str) -> list[dict[str, Any]]:
@@ -186,39 +197,52 @@ def run_hora(cluster: Any, whole: Any, elastic: bool, in_place: bool = True) -> 
     }
 
 
-def run_hora_ray(cluster: Any, whole: Any, in_place: bool) -> float:
-    """hora elastic on Ray (`np=4, min_np=2, max_np=4`), host 2 not brought back during the run:
-    seconds from the loss to the first step at 2 ranks, re-formed in place or (in_place False:
-    `HORA_ELASTIC_IN_PLACE=0`) restarted after the settle time."""
+def run_hora_ray(cluster: Any, whole: Any, in_place: bool) -> tuple[float, float]:
+    """hora elastic on Ray (`np=4, min_np=2, max_np=4`), host 2 brought back once the run is
+    small: seconds from the loss to the first step at 2 ranks, and from the node's return (alive
+    in the driver's view) to the first step at 4, in place or (in_place False:
+    `HORA_ELASTIC_IN_PLACE=0`) by restarts after the settle time."""
     import hora
 
     folder = tempfile.mkdtemp(prefix="hora-bench-elastic-ray-")
-    fault = Fault(cluster, folder, "never", whole)  # back once the run is over
+    fault = Fault(cluster, folder, SMALL_MARK, whole)
     fault.start()
     env = {"HORA_ELASTIC_IN_PLACE": "1" if in_place else "0"}
     try:
         hora.run(
-            hora_job, (folder, 4, 20), np=4, min_np=2, max_np=4, backend="ray", timeout=600, env=env
+            hora_job,
+            (folder, 4, None, 20),
+            np=4,
+            min_np=2,
+            max_np=4,
+            backend="ray",
+            timeout=600,
+            env=env,
         )
     finally:
         fault.done.set()
         fault.join()
-    return _first_step(folder, 2, fault.lost_at) - fault.lost_at
+    lost = _first_step(folder, 2, fault.lost_at) - fault.lost_at
+    return lost, _first_step(folder, 4, fault.back_at) - fault.back_at
 
 
 def compare_on_ray(cluster: Any, whole: Any, reps: int) -> dict[str, dict[str, float]]:
     """In place against today's restart on Ray, alternating, `reps` runs of each."""
     import statistics
 
-    seconds: dict[bool, list[float]] = {True: [], False: []}
+    seconds: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     for _ in range(reps):
         for in_place in (True, False):
             seconds[in_place].append(run_hora_ray(cluster, whole, in_place))
     rows = {}
     for in_place, name in ((True, "hora elastic in place (Ray)"), (False, "hora restart (Ray)")):
         runs = seconds[in_place]
-        rows[name] = {f"loss -> first step at 2 (run {i + 1})": t for i, t in enumerate(runs)}
-        rows[name]["  median"] = statistics.median(runs)
+        rows[name] = {}
+        for i, (lost, back) in enumerate(runs):
+            rows[name][f"loss -> first step at 2 (run {i + 1})"] = lost
+            rows[name][f"return -> first step at 4 (run {i + 1})"] = back
+        rows[name]["  median loss -> 2"] = statistics.median(r[0] for r in runs)
+        rows[name]["  median return -> 4"] = statistics.median(r[1] for r in runs)
     return rows
 
 
@@ -228,13 +252,18 @@ def run_ray_train(cluster: Any, whole: Any) -> dict[str, float]:
 
     folder = tempfile.mkdtemp(prefix="hora-bench-raytrain-")
     os.chmod(folder, 0o777)
-    fault = Fault(cluster, folder, "never", whole)
+    fault = Fault(cluster, folder, SMALL_MARK, whole)
     fault.start()
     try:
         TorchTrainer(
             ray_train_loop,
             train_loop_config={"folder": folder, "full": 4},
-            scaling_config=ScalingConfig(num_workers=(2, 4), resources_per_worker={"CPU": 1}),
+            scaling_config=ScalingConfig(
+                num_workers=(2, 4),
+                resources_per_worker={"CPU": 1},
+                # it looks for room to grow every 60 s by default: hora's settle time instead
+                elastic_resize_monitor_interval_s=5.0,
+            ),
             run_config=RunConfig(storage_path=folder, failure_config=FailureConfig(max_failures=3)),
         ).fit()
     finally:
@@ -243,7 +272,23 @@ def run_ray_train(cluster: Any, whole: Any) -> dict[str, float]:
     smaller = [e for e in _steps(folder) if e["t"] > fault.lost_at and e["world"] < 4]
     first = min((e["t"] for e in smaller), default=float("nan"))
     world = smaller[0]["world"] if smaller else 0
-    return {f"loss -> first step at {world}": first - fault.lost_at}
+    return {
+        f"loss -> first step at {world}": first - fault.lost_at,
+        "return -> first step at 4": _first_step(folder, 4, fault.back_at) - fault.back_at,
+    }
+
+
+def ray_whole(cluster: Any, seconds: float = 120.0) -> None:
+    """Host 2's services again, and its Ray node alive in the driver's view. (Its CPUs need not
+    be free: a running placement group takes them again for the bundles it lost.)"""
+    import ray
+
+    cluster.make_whole()
+    deadline = time.monotonic() + seconds
+    while sum(bool(n["Alive"] and n["Resources"].get("CPU")) for n in ray.nodes()) < 2:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"host 2's Ray node is not back after {seconds} s")
+        time.sleep(0.1)
 
 
 def commit_cost(megabytes: int = 10, reps: int = 20) -> None:
@@ -324,10 +369,10 @@ def main() -> None:
                 rows["hora fixed-size restart (Spark)"] = run_hora(cluster, make_whole, False)
                 make_whole(cluster)
             if args.only in (None, "ray"):
-                rows.update(compare_on_ray(cluster, make_whole, args.reps))
+                rows.update(compare_on_ray(cluster, ray_whole, args.reps))
             if args.only in (None, "ray-train"):
                 try:
-                    rows["Ray Train elastic (Ray)"] = run_ray_train(cluster, make_whole)
+                    rows["Ray Train elastic (Ray)"] = run_ray_train(cluster, ray_whole)
                 except Exception as exc:
                     rows["Ray Train elastic (Ray)"] = {f"failed: {exc}"[:200]: float("nan")}
             for name, figures in rows.items():
