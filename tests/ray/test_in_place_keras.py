@@ -24,8 +24,8 @@ def ray_head():
 
 def test_a_killed_actor_s_keras_survivors_train_on_in_place(tmp_path, monkeypatch, capfd):
     """np=3, min_np=2: rank 2 SIGKILLs its actor mid-epoch (and is stopped by hora, an
-    orphan); ranks 0 and 1 keep their actors and processes, become a world of 2 and finish (a
-    Keras state does not grow in place yet). Every sample of every epoch is trained exactly
+    orphan); ranks 0 and 1 keep their actors and processes, become a world of 2 and finish (no
+    growth within the settle time). Every sample of every epoch is trained exactly
     once in the final model, which equals one Keras process trained on the same steps."""
     monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "600")  # no growth (by a restart) here
     plan = _jobs.Plan(
