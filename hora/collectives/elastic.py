@@ -247,15 +247,15 @@ def run(
     `HORA_ELASTIC_RESET_LIMIT` (default 10) times. On `HostsUpdatedInterrupt` the rank ends
     cleanly at its commit and the driver starts the run at the new size.
 
-    With `in_place` (hora.torch's), under an elastic hora run whose engine re-forms worlds, a
-    lost rank stops no survivor: after `HorovodInternalError` a survivor waits for the driver's
-    `Reform`, becomes a rank of the smaller world in the same process (`_reform.reform`), and
-    goes on from the last in-memory commit, synced from the new rank 0. When the run grows in
-    place (`grow_in_place`: hora.torch's), the driver starts the new ranks first; at the commit
-    where rank 0 says so (`HostsUpdatedInterrupt(in_place=True)`) the running ranks re-form
-    into the larger world with them, and the new ranks, whose `run` starts in that world, take
-    the running ranks' state by the same sync (their code before `run` may call `init()`, but
-    no collective).
+    With `in_place` (hora.torch's, hora.tensorflow's), under an elastic hora run whose engine
+    re-forms worlds, a lost rank stops no survivor: after `HorovodInternalError` a survivor
+    waits for the driver's `Reform`, becomes a rank of the smaller world in the same process
+    (`_reform.reform`), and goes on from the last in-memory commit, synced from the new rank 0.
+    When the run grows in place (`grow_in_place`: the same), the driver starts the new ranks
+    first; at the commit where rank 0 says so (`HostsUpdatedInterrupt(in_place=True)`) the
+    running ranks re-form into the larger world with them, and the new ranks, whose `run` starts
+    in that world, take the running ranks' state by the same sync (their code before `run` may
+    call `init()`, but no collective).
     """
     reset = reset or _reinit
 

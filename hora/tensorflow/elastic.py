@@ -4,10 +4,10 @@
 optimizer's variables (as NumPy arrays) and plain values; `TensorFlowState(variables, session,
 **kwargs)` a list of tf.Variables (eagerly, or in a TF1 graph through its Session). `run` is the
 same retry loop as hora.torch's (`hora.collectives.elastic.run`): in-place recovery from a failed
-collective, a world re-formed in place from the survivors of a lost rank (on the engines that
-can), and under a hora run commits kept on each host, the restore of the freshest one by a new
-attempt, and a clean end at a commit when the run grows. Keras' callbacks for it are in
-`hora.tensorflow.keras.elastic`.
+collective, a world re-formed in place from the survivors of a lost rank and grown in place with
+new ranks (on the engines that can), and under a hora run commits kept on each host, the restore
+of the freshest one by a new attempt, and a clean end at a commit when the run grows by a
+restart. Keras' callbacks for it are in `hora.tensorflow.keras.elastic`.
 
 A `tf.function` holds the world it was traced in: the size and this rank's place are read at
 trace time (the gradients' scaling, a one-rank shortcut, SyncBatchNormalization's divisor).
@@ -27,6 +27,7 @@ from hora.collectives import HorovodInternalError, elastic
 from hora.collectives.elastic import HostsUpdatedInterrupt as HostsUpdatedInterrupt
 from hora.collectives.elastic import ObjectState as ObjectState
 from hora.collectives.elastic import State as State
+from hora.collectives.objects import allgather_object
 from hora.tensorflow import _errors
 from hora.tensorflow.functions import broadcast_variables
 
@@ -44,9 +45,10 @@ __all__ = [
 
 def run(func: Callable[..., R]) -> Callable[..., R]:
     """Decorate `func(state, *args, **kwargs)` to be retried from `state`'s last commit,
-    resumed by a new attempt of another size, and re-formed in place when a rank is lost (see
-    `hora.collectives.elastic.run`). A collective that failed inside a `tf.function` surfaces
-    as TF's UnknownError: it is raised again as the HorovodInternalError the loop heals."""
+    resumed by a new attempt of another size, re-formed in place when a rank is lost and grown
+    in place when new ranks join (see `hora.collectives.elastic.run`). A collective that failed
+    inside a `tf.function` surfaces as TF's UnknownError: it is raised again as the
+    HorovodInternalError the loop heals."""
 
     @functools.wraps(func)
     def translated(state: State, *args: Any, **kwargs: Any) -> R:
@@ -57,15 +59,18 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
                 raise
             raise _errors.HorovodInternalOpError(None, None, str(exc)) from exc
 
-    return elastic.run(translated, in_place=True)
+    return elastic.run(translated, in_place=True, grow_in_place=True)
 
 
 class TensorFlowKerasState(ObjectState):
     """A Keras model, its optimizer (default: the model's compiled one) and plain values.
 
     `commit()` copies the weights and the optimizer's variables to NumPy (and, under hora, to
-    the host's commit store); `sync()` broadcasts rank 0's. An optimizer that has not stepped
-    yet is built before its variables are restored. `backend` is Horovod's and unused.
+    the host's commit store); `sync()` broadcasts rank 0's. Keras builds an optimizer's
+    variables (momentum, ...) at its first step, so an optimizer that has not stepped yet (a
+    rank that joins a running world, a restore into a fresh one) is built first: every rank
+    then holds the same variables, and the new rank rank 0's values of them.
+    `backend` is Horovod's and unused.
     """
 
     def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any):
@@ -78,6 +83,12 @@ class TensorFlowKerasState(ObjectState):
     def _optimizer_variables(self) -> list[Any]:
         return list(self.optimizer.variables) if self.optimizer is not None else []
 
+    def _build_optimizer(self) -> None:
+        """Create the optimizer's variables for the model's, as its first step would (zeros)."""
+        built = getattr(self.optimizer, "built", True)
+        if self.optimizer is not None and not built and self.model.trainable_variables:
+            self.optimizer.build(self.model.trainable_variables)
+
     def _save_model(self) -> None:
         self._saved_model = [w.copy() for w in self.model.get_weights()]
         self._saved_optimizer = [v.numpy().copy() for v in self._optimizer_variables()]
@@ -89,12 +100,11 @@ class TensorFlowKerasState(ObjectState):
     def restore(self) -> None:
         self.model.set_weights(self._saved_model)
         if self._saved_optimizer:
-            variables = self._optimizer_variables()
-            if len(variables) != len(self._saved_optimizer):
-                assert self.optimizer is not None  # it has saved variables
-                self.optimizer.build(self.model.trainable_variables)  # a fresh optimizer
-                variables = self._optimizer_variables()
-            for variable, value in zip(variables, self._saved_optimizer, strict=True):
+            if len(self._optimizer_variables()) != len(self._saved_optimizer):
+                self._build_optimizer()
+            for variable, value in zip(
+                self._optimizer_variables(), self._saved_optimizer, strict=True
+            ):
                 variable.assign(value)
         super().restore()
 
@@ -107,9 +117,16 @@ class TensorFlowKerasState(ObjectState):
         super().reset()
 
     def sync(self) -> None:
+        """Rank 0's weights, optimizer variables and values on every rank, then saved (a new
+        rank's restore goes back to them, not to its own initial weights)."""
+        self._build_optimizer()
+        _same_on_every_rank(
+            {"model": len(self.model.variables), "optimizer": len(self._optimizer_variables())}
+        )
         broadcast_variables(self.model.variables, root_rank=0)
         if self._optimizer_variables():
             broadcast_variables(self._optimizer_variables(), root_rank=0)
+        self._save_model()
         super().sync()
 
     def committed(self) -> Any:
@@ -122,6 +139,18 @@ class TensorFlowKerasState(ObjectState):
         self._saved_model = list(state["model"])
         self._saved_optimizer = list(state["optimizer"])
         super().load_committed(state)
+
+
+def _same_on_every_rank(counts: dict[str, int]) -> None:
+    """Refuse a sync whose ranks hold different numbers of variables (a broadcast of them would
+    pair the wrong ones, or wait for ever): e.g. a model built on some ranks only, by a first
+    call, where a rank that joins a running world has not called it yet."""
+    every = allgather_object(counts, name="elastic.variable_counts")
+    if any(c != every[0] for c in every):
+        raise ValueError(
+            f"the ranks' Keras states differ (variables per rank: {every}): build the model "
+            "(keras.Input, or model.build) before hvd.elastic.run, on every rank alike"
+        )
 
 
 class TensorFlowState(ObjectState):

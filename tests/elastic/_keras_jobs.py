@@ -7,9 +7,9 @@ epoch has left: a plain value of the state, `samples`, counts the epoch's sample
 step takes `world * batch` of them, in a fixed order per epoch; rank r takes the r-th `batch`;
 an epoch's last step may share out fewer, as a world re-formed in place can leave them),
 advanced by a callback before each commit. The rank and the size are read in each world (a lost
-rank's survivors re-form in place, renumbered), and steps are logged as `_jobs.train` logs them
-(by attempt and world within it), so the same readers check them; `reference` fits the kept
-steps in one process.
+rank's survivors re-form in place, renumbered; a new rank joins a world grown in place), and
+steps are logged as `_jobs.train` logs them (by attempt and world within it), so the same
+readers check them; `reference` fits the kept steps in one process.
 """
 
 from __future__ import annotations
@@ -76,11 +76,10 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
     sizes: list[int] = []
     state.register_reset_callbacks([sizes.append])
     # this world's place, read in `loop` (a world re-formed in place renumbers the ranks)
-    me = {"rank": 0, "world": 0, "call": 0}
-    calls = [0]  # loop's calls in this process: more than one after a world re-formed in place
+    me = {"rank": 0, "world": 0, "generation": 0}
 
     def log(entry: dict[str, Any]) -> None:
-        path = Path(plan.folder, f"log-{attempt}-{me['call']}-{me['rank']}.jsonl")
+        path = Path(plan.folder, f"log-{attempt}-{me['generation']}-{me['rank']}.jsonl")
         with path.open("a") as f:
             f.write(json.dumps(entry) + "\n")
 
@@ -113,7 +112,7 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
             self.n += 1
             state.samples += world * _each(plan, world, state.samples)
             commits = state.commit_index - self.start
-            _jobs._maybe_fault(plan, attempt, me["call"], rank, world, commits)
+            _jobs._maybe_fault(plan, attempt, me["generation"], rank, world, commits)
             time.sleep(plan.step_seconds)
             ends_commit = (state.batch + 1) % 2 == 0  # CommitStateCallback's 2 batches
             if plan.wait_for_return and world < plan.full and ends_commit and not self.waited:
@@ -135,8 +134,7 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
 
     @hvd.elastic.run
     def loop(state: Any) -> None:
-        me.update(rank=hvd.rank(), world=hvd.size(), call=calls[0])
-        calls[0] += 1
+        me.update(rank=hvd.rank(), world=hvd.size(), generation=_jobs._generation())
         start = state.commit_index
         log({"start": start, "epoch": state.epoch, "reset_sizes": list(sizes), "pid": os.getpid()})
         feed.start, feed.n, feed.waited = start, 0, False
@@ -160,6 +158,7 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
         "world": hvd.size(),
         "attempt": attempt,
         "weights": [w.copy() for w in model.get_weights()],
+        "optimizer": [v.numpy().copy() for v in optimizer.variables],  # momentum, iterations
         "pid": os.getpid(),
         "host": socket.gethostname(),
     }
@@ -176,3 +175,40 @@ def reference(plan: _jobs.Plan, steps: list[_jobs.Step]) -> list[np.ndarray]:
         idx = [i for batch in step.batches for i in batch]
         model.train_on_batch(x[idx], y[idx])
     return [w.copy() for w in model.get_weights()]
+
+
+def variables(steps_grown: int) -> dict[str, Any]:
+    """Plain tf.Variables in Horovod's `TensorFlowState`, in a custom loop that runs until its
+    world has grown (in place) and then `steps_grown` steps more: each step adds the world size
+    to every element of a variable (an allreduce of ones) and to a plain value, `added`. A rank
+    starts its variable at `1 + 1000 * rank`: a new rank's own start must give way to rank 0's."""
+    import tensorflow as tf
+
+    import hora.tensorflow as hvd
+
+    hvd.init()
+    total = tf.Variable(tf.fill([3], 1.0 + 1000.0 * hvd.rank()))
+    state = hvd.elastic.TensorFlowState([total], step=0, added=0.0, grown=0)
+    starts: list[dict[str, Any]] = []
+
+    @hvd.elastic.run
+    def loop(state: Any) -> None:
+        starts.append({"step": state.step, "world": hvd.size(), "value": total.numpy().tolist()})
+        while state.grown < steps_grown and state.step < 2000:
+            total.assign_add(hvd.allreduce(tf.ones([3]), op=hvd.Sum))
+            state.added += hvd.size()
+            state.grown += int(hvd.size() > 1)
+            state.step += 1
+            state.commit()
+            time.sleep(0.05)
+
+    loop(state)
+    return {
+        "rank": hvd.rank(),
+        "world": hvd.size(),
+        "pid": os.getpid(),
+        "value": total.numpy().tolist(),
+        "step": state.step,
+        "added": state.added,
+        "starts": starts,
+    }

@@ -45,7 +45,11 @@ class KerasState(TensorFlowKerasState):
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """Commit `state` after every `batches_per_commit` batches (where a growing run stops)."""
+    """Commit `state` after every `batches_per_commit` batches (where a growing run stops).
+
+    The count starts again at each commit and at each reset of the state (which goes back to
+    its last commit): the ranks of a world re-formed in place, a new one included, count alike
+    from there, though a commit that interrupted the run never returned."""
 
     def __init__(self, state: State, batches_per_commit: int = 1) -> None:
         super().__init__()
@@ -54,12 +58,16 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.state = state
         self.batches_per_commit = batches_per_commit
         self.batches_remaining = batches_per_commit
+        state.register_reset_callbacks([self._from_commit])
+
+    def _from_commit(self) -> None:
+        self.batches_remaining = self.batches_per_commit
 
     def on_batch_end(self, batch: int, logs: Any = None) -> None:
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
+            self._from_commit()
             self.state.commit()
-            self.batches_remaining = self.batches_per_commit
 
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
