@@ -82,7 +82,11 @@ def hora_job(
 
     @hvd.elastic.run
     def loop(state: Any) -> None:
-        rank, world, first = hvd.rank(), hvd.size(), attempt == 0 and calls[0] == 0
+        # the run's first world: not a later attempt, a world re-formed in place, or a rank
+        # started to grow one (it starts in a later generation)
+        generation = int(os.environ.get("HORA_WORLD_GENERATION") or 0)
+        rank, world = hvd.rank(), hvd.size()
+        first = attempt == 0 and calls[0] == 0 and generation == 0
         calls[0] += 1
         began = state.step
         while state.step < STEPS:

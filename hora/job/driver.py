@@ -108,6 +108,7 @@ class Job:
             spec = self.spec
             self.sizer = Sizer(config.min_np or 1, config.most_ranks, lambda h: capacity(spec, h))
         self._hosts: dict[int, str] = {}  # the last attempt's rank -> host
+        self._known_commit = -1  # the newest commit every rank was seen to make (at a growth)
         self._first: StartableGroup | None = None  # built before anything else of the run
         self._np_now = config.np  # the last attempt's ranks when it ended
 
@@ -188,7 +189,9 @@ class Job:
         """Every rank stopped at `commit` for the run to grow: the next, larger attempt."""
         assert self.sizer is not None  # only an elastic run's ranks stop to grow
         try:
-            np = self.sizer.next_size(_wait(self.config.start_timeout, deadline), settle=False)
+            wait = _wait(self.config.start_timeout, deadline)
+            np = self.sizer.next_size(wait, settle=False, want=attempt.np + 1)
+            self._known_commit = max(self._known_commit, commit)
         except TooFewSlots as short:
             raise self._too_few_slots(
                 attempt, short, "the slots it was to grow into left"
@@ -252,7 +255,13 @@ class Job:
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()
         monitor = Monitor(
-            group, attempt.np, payload, config.collect_all, watchers, in_place_min_np=in_place
+            group,
+            attempt.np,
+            payload,
+            config.collect_all,
+            watchers,
+            in_place_min_np=in_place,
+            known_commit=self._known_commit,
         )
         try:
             group.start()

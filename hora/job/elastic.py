@@ -69,15 +69,18 @@ class Sizer:
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
 
-    def next_size(self, wait: float, settle: bool = True) -> int:
+    def next_size(self, wait: float, settle: bool = True, want: int | None = None) -> int:
         """min(max_np, the cluster's count) once it reaches min_np, after `settle`; raises
-        TooFewSlots after `wait` seconds below it."""
+        TooFewSlots after `wait` seconds below it. `want`: the count a growth was asked for,
+        waited for up to the settle time (the stopped attempt's resources take a moment to
+        leave its engine's reservations: Ray frees a removed placement group's asynchronously)."""
         began = self.clock()
         if settle:
             self.sleep(self.settle)
         while True:
             seen = _count(self.capacity, 0)
-            if seen >= self.min_np:
+            patient = want is not None and seen < want and self.clock() - began < self.settle
+            if seen >= self.min_np and not patient:
                 return min(self.max_np, seen)
             waited = self.clock() - began
             if waited >= wait:

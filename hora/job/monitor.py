@@ -86,6 +86,7 @@ class Monitor:
         collect_all: bool,
         callbacks: Sequence[MonitorCallback] = (),
         in_place_min_np: int | None = None,
+        known_commit: int = -1,
     ):
         self.group = group
         self.np = np
@@ -106,6 +107,7 @@ class Monitor:
         self.last_heard: dict[int, float] = {}  # rank -> time.monotonic() of its last message
         self.silence_s = silence_seconds()
         self.resized: dict[int, int] = {}  # rank -> the commit it stopped at, to grow
+        self.known_commit = known_commit  # the newest commit of the run the driver knows of
         #: an elastic attempt whose engine can re-form it: the fewest ranks it may shrink to in
         #: place (None: a lost rank ends the attempt, as on any engine)
         self.renumbering = Renumbering(np, in_place_min_np)
@@ -279,9 +281,7 @@ class Monitor:
                 self.resized[rank] = commit
                 return
             case Resumed(commit=commit, size=size):
-                made = f"{size} rank{'s' if size != 1 else ''}"
-                said = f"the ranks resumed from commit {commit} (made by {made})"
-                print(f"hora: {said}", file=sys.stderr, flush=True)
+                print(f"hora: {self._resumed(commit, size)}", file=sys.stderr, flush=True)
             case Stacks(rank=rank, text=text):
                 for request in (self.dump, self.asked_by_user):
                     if request is not None:
@@ -289,6 +289,17 @@ class Monitor:
                 return
         for callback in self.callbacks:
             callback.on_report(message)
+
+    def _resumed(self, commit: int, size: int) -> str:
+        made = f"{size} rank{'s' if size != 1 else ''}"
+        said = f"the ranks resumed from commit {commit} (made by {made})"
+        if commit < self.known_commit:  # the newest commit's hosts are not this attempt's
+            said += (
+                f", not from commit {self.known_commit}: no host of this attempt holds it "
+                f"(commits live on the hosts that made them), so the steps after commit {commit} "
+                "are trained again"
+            )
+        return said
 
     def _closed(self, rank: int | None) -> None:
         if rank is not None:

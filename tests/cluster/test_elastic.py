@@ -174,9 +174,9 @@ def test_spark_shrinks_on_a_lost_host_and_grows_back_mlp_and_fsdp2(whole, tmp_pa
 @pytest.mark.timeout(900)
 def test_spark_shrinks_on_a_lost_host_and_grows_back_keras(whole, tmp_path, capfd):
     """Keras re-forms in place on the lost host (the survivors keep their processes), and grows
-    back by a restart (a Keras state's sync into new ranks is not there yet)."""
+    back in place (new tasks take the state by broadcast, optimizer slots included)."""
     plan, results, steps = _shrink_and_grow_on_spark(
-        whole, tmp_path, _keras_jobs.train, "Keras", capfd, shrinks=" in place"
+        whole, tmp_path, _keras_jobs.train, "Keras", capfd, shrinks=" in place", grows="yes"
     )
     # the one-process Keras reference, in a process of its own (TensorFlow stays out of here)
     want = hora.run(_keras_jobs.reference, (plan, steps), np=1, backend="local")[0]

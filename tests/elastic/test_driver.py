@@ -16,7 +16,7 @@ from hora.config import ELASTIC_MAX_RESTARTS, RunConfig
 from hora.engines.base import AttemptSpec
 from hora.errors import WorkerFailedError
 from hora.job.driver import Attempt, Job
-from hora.job.elastic import GrowthWatch
+from hora.job.elastic import GrowthWatch, Sizer
 from hora.wire import link
 from hora.wire.protocol import (
     Exited,
@@ -119,6 +119,26 @@ def test_the_growth_watch_asks_once_after_the_count_held_and_only_while_budget_i
     assert job._growth(Attempt(0, 1, 2)) is not None
     assert job._growth(Attempt(1, 1, 2)) is None  # no attempt left to grow into
     assert job._growth(Attempt(0, 1, 4)) is None  # already max_np
+
+
+def test_a_growth_s_next_attempt_waits_for_the_count_it_grew_for_up_to_the_settle_time():
+    """Ray frees a stopped attempt's placement group a moment after its stop: the count right
+    then is too low, and taking it would restart at the old size (and again, and again)."""
+    now = [0.0]
+
+    def sizer(counts: list[int]) -> Sizer:
+        left = iter(counts)
+
+        def sleep(seconds: float) -> None:
+            now[0] += seconds
+
+        return Sizer(1, 4, lambda held: next(left), settle=2.0, sleep=sleep, clock=lambda: now[0])
+
+    assert sizer([2, 2, 4]).next_size(60.0, settle=False, want=3) == 4
+    now[0] = 0.0
+    assert sizer([2] * 10).next_size(60.0, settle=False, want=3) == 2  # not there: take it
+    assert now[0] == pytest.approx(2.0, abs=1.0)
+    assert sizer([3]).next_size(60.0, settle=False, want=3) == 3
 
 
 class Growing(FakeGroup):
