@@ -8,6 +8,7 @@ The modules that start Spark Connect skip cleanly without its client libraries o
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -128,6 +129,33 @@ def url(request, tmp_path_factory):
         yield server.url
     finally:
         server.stop()
+
+
+#: What the client of test_doors.py and test_data.py runs, in this order, on each kind of session
+DOOR_CHECKS = [
+    "session",
+    "runner",
+    "run_auto_from_a_thread",
+    "torch_distributor",
+    "torch_distributor_script",
+    "torch_distributor_local_mode",
+    "deepspeed",
+    "timeline",
+    "failing_rank",
+    "restart_after_a_killed_rank",
+    "too_many_ranks",
+    "cancel_by_tag",
+]
+if importlib.util.find_spec("tensorflow") is not None:  # MirroredStrategyRunner's ranks need it
+    DOOR_CHECKS.append("mirrored")
+DOOR_CHECKS.append("data_from_spark")
+
+
+@pytest.fixture(scope="package")
+def doors_client(url):
+    """One client process per kind of session for the doors' and hora.data's checks (each such
+    process starts a session, and on `remote("local[2]")` a JVM)."""
+    return run_client(url, DOOR_CHECKS)
 
 
 @pytest.fixture(scope="package", autouse=True)

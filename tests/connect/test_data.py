@@ -1,5 +1,6 @@
 """hora.data.from_spark on both kinds of Connect session (see test_doors.py): the DataFrame is
-written once and found again, and every row reaches exactly one Spark rank once per epoch."""
+written once and found again, and every row reaches exactly one Spark rank once per epoch. The
+check runs in test_doors.py's client process (`doors_client`), after the doors' checks."""
 
 from __future__ import annotations
 
@@ -7,15 +8,14 @@ import itertools
 
 import pytest
 
-from tests.connect.conftest import require_spark_connect, run_client
+from tests.connect.conftest import require_spark_connect
 
 require_spark_connect()
 pytestmark = pytest.mark.spark
 
 
-def test_from_spark_on_connect_gives_each_row_once_per_epoch(url):
-    client = run_client(url, ["data_from_spark"])
-    found = client.value("data_from_spark")
+def test_from_spark_on_connect_gives_each_row_once_per_epoch(doors_client):
+    found = doors_client.value("data_from_spark")
     assert found["same"] is True
     assert len(found["ids"]) == 2
     for epoch in range(2):

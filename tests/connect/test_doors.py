@@ -8,44 +8,27 @@
   default), so hora's stages, which last as long as the training, outlive their stream and the
   client reattaches to them, as a long training does on any server.
 
-One client process per kind runs every check (a session and its Python workers start once) and
-reports each; the tests below judge one check each. `hora run` runs in its own process.
+One client process per kind (`doors_client`) runs every check, those of test_data.py too (a
+session and its Python workers start once), and reports each; the tests below judge one check
+each. `hora run` runs in its own process.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
-from tests.connect.conftest import SCRIPT, client_env, require_spark_connect, run_client
+from tests.connect.conftest import SCRIPT, client_env, require_spark_connect
 
 require_spark_connect()
 pytestmark = pytest.mark.spark
 
-CHECKS = [
-    "session",
-    "runner",
-    "run_auto_from_a_thread",
-    "torch_distributor",
-    "torch_distributor_script",
-    "torch_distributor_local_mode",
-    "deepspeed",
-    "timeline",
-    "failing_rank",
-    "restart_after_a_killed_rank",
-    "too_many_ranks",
-    "cancel_by_tag",
-]
-if importlib.util.find_spec("tensorflow") is not None:  # MirroredStrategyRunner's ranks need it
-    CHECKS.append("mirrored")
-
 
 @pytest.fixture(scope="module")
-def client(url):
-    return run_client(url, CHECKS)
+def client(doors_client):
+    return doors_client
 
 
 def test_the_connect_session_is_found_and_auto_picks_spark(client, url):
