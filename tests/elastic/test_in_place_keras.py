@@ -7,14 +7,9 @@ values by broadcast. A TensorFlowState of plain tf.Variables grows in place too.
 from __future__ import annotations
 
 import re
-from pathlib import Path
-
-import numpy as np
 
 import hora
-from tests.elastic import _jobs, _keras_jobs
-
-SAMPLES = 96
+from tests.elastic import _keras_checks, _keras_jobs
 
 
 def test_a_killed_rank_s_keras_survivors_train_on_in_place(tmp_path, monkeypatch, capfd):
@@ -22,29 +17,9 @@ def test_a_killed_rank_s_keras_survivors_train_on_in_place(tmp_path, monkeypatch
     become a world of 2 and finish. Every sample of every epoch is trained exactly once in the
     final model, which equals one Keras process trained on the same steps."""
     monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "600")  # no growth (by a restart) here
-    plan = _jobs.Plan(
-        str(tmp_path), full=3, epochs=2, samples=SAMPLES, fault="self", fault_commit=2
-    )
+    plan = _keras_checks.shrinking(tmp_path, "self")
     results = hora.run(_keras_jobs.train, (plan,), np=3, min_np=2, timeout=300)
-    steps, worlds, starts = _jobs.kept_steps(str(tmp_path))
-    logs = _jobs.read_logs(str(tmp_path))
-    assert sorted(logs) == [(0, 0), (0, 1)], sorted(logs)  # one attempt, re-formed once
-    assert worlds == [3, 2], worlds
-    assert starts[0] == 0 and starts[1] > 0, starts
-    first_pids = {r: logs[0, 0][r][0]["pid"] for r in range(3)}
-    again_pids = {r: logs[0, 1][r][0]["pid"] for r in range(2)}
-    assert again_pids == {0: first_pids[0], 1: first_pids[1]}, (first_pids, again_pids)
-    assert sorted(r["pid"] for r in results) == sorted(again_pids.values())
-    assert _jobs.samples_per_epoch(steps) == {e: list(range(SAMPLES)) for e in range(plan.epochs)}
-    assert [r["world"] for r in results] == [2, 2]
-    assert logs[0, 1][0][0]["reset_sizes"] == [2]  # the reset callbacks got the new size
-    want = hora.run(_keras_jobs.reference, (plan, steps), np=1)[0]
-    for r in results:
-        for got, value in zip(r["weights"], want, strict=True):
-            np.testing.assert_allclose(got, value, rtol=0, atol=1e-10)
-    err = capfd.readouterr().err
-    assert "hora: restarting" not in err, err
-    assert "hora: resized in place from 3 to 2 ranks" in err, err
+    _keras_checks.check_shrunk(plan, results, capfd.readouterr().err)
 
 
 def test_a_keras_run_shrinks_in_place_and_grows_back_in_place(tmp_path, monkeypatch, capfd):
@@ -55,57 +30,17 @@ def test_a_keras_run_shrinks_in_place_and_grows_back_in_place(tmp_path, monkeypa
     step): every rank's optimizer variables are equal, every sample of every epoch is trained
     once, and the weights equal one Keras process trained on the same steps."""
     monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
-    Path(tmp_path, _jobs.BACK_MARK).touch()  # the local engine's slots are always there
-    # batches of 6, a commit every 2 steps, the kill after the first: 36 samples done at 3
-    # ranks, 24 at 2, and the 36 left of the epoch deal evenly to 3 ranks
-    plan = _jobs.Plan(
-        str(tmp_path),
-        full=3,
-        epochs=2,
-        samples=SAMPLES,
-        batch=6,
-        fault="self",
-        fault_commit=1,
-        wait_for_return=True,
-    )
+    plan = _keras_checks.shrinking_and_growing(tmp_path, "self")
     results = hora.run(_keras_jobs.train, (plan,), np=3, min_np=2, max_np=3, timeout=300)
-    steps, worlds, starts = _jobs.kept_steps(str(tmp_path))
-    logs = _jobs.read_logs(str(tmp_path))
-    # one attempt: its first world, shrunk in place, grown back in place
-    assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)
-    assert worlds == [3, 2, 3], worlds
-    assert starts[0] == 0 and 0 < starts[1] < starts[2], starts
-    pids = {life: {r: e[0]["pid"] for r, e in ranks.items()} for life, ranks in logs.items()}
-    survivors = {0: pids[0, 0][0], 1: pids[0, 0][1]}
-    assert {r: pids[0, 1][r] for r in (0, 1)} == survivors, pids
-    assert {r: pids[0, 2][r] for r in (0, 1)} == survivors, pids
-    assert pids[0, 2][2] not in (*survivors.values(), pids[0, 0][2]), pids  # a new process
-    assert [r["pid"] for r in results] == [survivors[0], survivors[1], pids[0, 2][2]]
-    assert _jobs.samples_per_epoch(steps) == {e: list(range(SAMPLES)) for e in range(plan.epochs)}
-    assert [r["world"] for r in results] == [3, 3, 3]
-    # the reset callbacks got the new size on every rank, the new one included
-    assert logs[0, 1][0][0]["reset_sizes"] == [2]
-    assert logs[0, 2][0][0]["reset_sizes"] == [2, 3]
-    assert logs[0, 2][2][0]["reset_sizes"] == [3]
-    # the new rank took the running ranks' values (epoch, batch, samples) and commit count
-    assert {(e[0]["start"], e[0]["epoch"]) for e in logs[0, 2].values()} == {(starts[2], 0)}
-    for r in results[1:]:  # the optimizer's variables: momentum and iteration count alike
-        for got, value in zip(r["optimizer"], results[0]["optimizer"], strict=True):
-            np.testing.assert_array_equal(got, value)
-    want = hora.run(_keras_jobs.reference, (plan, steps), np=1)[0]
-    for r in results:
-        for got, value in zip(r["weights"], want, strict=True):
-            np.testing.assert_allclose(got, value, rtol=0, atol=1e-10)
     err = capfd.readouterr().err
-    assert "hora: restarting" not in err and "hora: resizing from" not in err, err
-    assert "hora: resized in place from 3 to 2 ranks" in err, err
+    went_on = _keras_checks.check_shrunk_and_grown(plan, results, err)
     assert (
         "hora: growing in place from 2 to 3 ranks (free slots for 3 ranks): starting rank 2; "
         "the running ranks keep their processes"
     ) in err, err
     assert re.search(
         r"hora: resized in place from 2 to 3 ranks in [0-9.]+ s \(free slots for 3 ranks\); "
-        rf"the ranks went on from commit {starts[2]}",
+        rf"the ranks went on from commit {went_on}",
         err,
     ), err
 
