@@ -4,11 +4,14 @@ standalone and Ray on every host, started once for these few jobs.
 - Spark, np=4, min_np=2, max_np=4: an MLP (DistributedOptimizer) and the same MLP sharded with
   FSDP2 train side by side under hvd.elastic on samples that `hora.data.from_spark` wrote from a
   DataFrame (its loader's position committed in the TorchState); mid-epoch every process of
-  host 2 is killed; the run goes on with 2 ranks from the last commit (kept on host 1); host 2
-  comes back; the run grows to 4 at the next commit (the FSDP2 model reloaded from its DCP
-  checkpoint at each new size) and finishes. Every row of every epoch is trained once in the
-  final model, which equals one process trained on the same steps, and so does the FSDP2 model.
-- Spark, the same with a Keras model (hora.tensorflow.keras.elastic's state and callbacks).
+  host 2 is killed; the sharded state cannot re-form in place, so the run restarts with 2 ranks
+  from the last commit (kept on host 1); host 2 comes back; the run grows to 4 at the next
+  commit (the FSDP2 model reloaded from its DCP checkpoint at each new size) and finishes. Every
+  row of every epoch is trained once in the final model, which equals one process trained on
+  the same steps, and so does the FSDP2 model.
+- Spark, the MLP alone and a Keras model (hora.tensorflow.keras.elastic's state and
+  callbacks): the same loss and return, in place both ways (each rank a Spark job of its own):
+  host 1's ranks keep their processes throughout, nothing restarts.
 - Ray, np=4, min_np=2, max_np=4: an actor's node is removed (host 2 killed) mid-epoch; host 1's
   actors and their workers are kept and re-form a world of 2 in place (same processes); host 2's
   node comes back, new actors start in the placement group's lost bundles (reserved there
@@ -141,8 +144,13 @@ def _shrink_and_grow_on_spark(
     err = capfd.readouterr().err
     lost = rf"hora: resizing{shrinks} from 4 to 2 ranks \(lost {killer.value}: "
     assert re.search(lost, err), err
-    if grows:  # nothing restarted
+    if grows:  # nothing restarted: host 1's ranks kept their processes across both resizes
         assert "hora: restarting" not in err and "hora: resizing from" not in err, err
+        logs = _jobs.read_logs(plan.folder)
+        assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)  # one attempt, 3 worlds
+        pids = [{r: logs[0, world][r][0]["pid"] for r in range(2)} for world in (0, 1, 2)]
+        assert pids[0] == pids[1] == pids[2], pids
+        assert [r["pid"] for r in results][:2] == [pids[0][0], pids[0][1]]
         assert re.search(r"hora: resized in place from 2 to 4 ranks in [0-9.]+ s \(free ", err), err
     else:
         grew = r"hora: resizing from 2 to 4 ranks \(free slots for 4 ranks; every rank stopped at "
@@ -209,11 +217,6 @@ def test_spark_re_forms_in_place_on_a_lost_host_and_grows_back_in_place(whole, t
     plan, results, steps = _shrink_and_grow_on_spark(
         whole, tmp_path, _jobs.train, "MLP, in place", capfd, shrinks=" in place", grows="yes"
     )
-    logs = _jobs.read_logs(plan.folder)
-    assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)  # one attempt, three worlds
-    pids = [{r: logs[0, world][r][0]["pid"] for r in range(2)} for world in (0, 1, 2)]
-    assert pids[0] == pids[1] == pids[2], pids  # host 1's ranks (0 and 1) kept their processes
-    assert [r["pid"] for r in results][:2] == [pids[0][0], pids[0][1]]
     want = _jobs.reference(plan, steps)
     for r in results:
         for key, value in want.items():
