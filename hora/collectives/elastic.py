@@ -189,6 +189,10 @@ class State:
         state's in-memory commit (False: they restart, as for a sharded model)."""
         return True
 
+    def reformed(self) -> None:
+        """Hook: this process's world was re-formed in place; remake what belonged to the old
+        one (a sharded model's mesh) before the state is restored and synced in the new one."""
+
 
 def _takes_an_argument(callback: Callable[..., None]) -> bool:
     try:
@@ -250,7 +254,9 @@ def run(
     With `in_place` (hora.torch's, hora.tensorflow's), under an elastic hora run whose engine
     re-forms worlds, a lost rank stops no survivor: after `HorovodInternalError` a survivor
     waits for the driver's `Reform`, becomes a rank of the smaller world in the same process
-    (`_reform.reform`), and goes on from the last in-memory commit, synced from the new rank 0.
+    (`_reform.reform`, then `state.reformed()`), and goes on from the last in-memory commit,
+    restored there (a sharded model's load needs every rank of the world) and synced from the
+    new rank 0.
     When the run grows in place (`grow_in_place`: the same), the driver starts the new ranks
     first; at the commit where rank 0 says so (`HostsUpdatedInterrupt(in_place=True)`) the
     running ranks re-form into the larger world with them, and the new ranks, whose `run` starts
@@ -274,10 +280,12 @@ def run(
                     raise
                 resets += 1
                 log.warning("collective failed; restoring the last commit and re-initialising")
-                state.restore()
                 order = _await_reform() if reformable else None
+                rolled_back = order is not None
+                if order is None:
+                    state.restore()
             except HostsUpdatedInterrupt as interrupt:
-                order = _grown(state, interrupt, reformable)
+                order, rolled_back = _grown(state, interrupt, reformable), False
             else:
                 state._commits.finish()
                 return result
@@ -286,12 +294,21 @@ def run(
                 state.on_reset()
                 state.sync()
                 continue
-            _reform.reform(order)
-            _sync_world(state)
-            if rank() == 0:
-                link.send_to_driver(Reformed(0, order.generation, size(), state.commit_index))
+            _go_on_in(order, state, rolled_back)
 
     return wrapper
+
+
+def _go_on_in(order: Reform, state: State, rolled_back: bool) -> None:
+    """Re-form this process's world as `order` says; there, restore the last commit (after a
+    loss: a sharded model's load needs every rank of the world) and sync the state."""
+    _reform.reform(order)
+    state.reformed()
+    if rolled_back:
+        state.restore()
+    _sync_world(state)
+    if rank() == 0:
+        link.send_to_driver(Reformed(0, order.generation, size(), state.commit_index))
 
 
 _generation = 0  # the last re-formed world this process joined

@@ -4,7 +4,8 @@
 fixed dataset (or, with `data`, that dataset written by `hora.data.from_spark` and read through
 its loader), a TorchState committed every `commit_every` steps and at each epoch's end, all in
 `hvd.elastic.run`. With `fsdp`, a second copy of the MLP sharded with FSDP2 trains on the same
-batches in the same state (committed as a DCP checkpoint to a shared folder). Every rank logs
+batches in the same state (committed as a DCP checkpoint to a shared folder; with `reshard`, the
+state rebuilds it in a world re-formed in place). Every rank logs
 each step (attempt, world size, epoch, the commit it follows, the sample indices) to the test's
 folder; `kept_steps` keeps the steps that the run's final model contains (a failed attempt's
 steps after the commit the next attempt resumed from were rolled back), and `reference` trains
@@ -56,6 +57,8 @@ class Plan:
     #: below the full size, wait at the first commit until the test wrote BACK_MARK
     wait_for_return: bool = False
     fsdp: bool = False
+    #: with `fsdp`: the TorchState's `reshard=`, so that the sharded copy re-forms in place
+    reshard: bool = False
     #: a hora.data.Dataset of `dataset(samples)` (columns id, x, y: `data_frame`): the samples
     #: come through its loader, committed in the TorchState, instead of an ElasticSampler
     data: Any = None
@@ -177,6 +180,7 @@ def train(plan: Plan) -> dict[str, Any]:
         result["sharded"] = {
             k: v.full_tensor().detach().clone() for k, v in state.sharded.state_dict().items()
         }
+        result["mesh"] = next(state.sharded.parameters()).device_mesh.size()
     result["host"] = socket.gethostname()
     return result
 
@@ -189,13 +193,18 @@ def _state_extras(plan: Plan, hvd: Any) -> dict[str, Any]:
     else:
         extra["loader"] = plan.data.loader(plan.batch, shuffle=True, seed=1)
     if plan.fsdp:
-        sharded = _shard(model(), hvd.size())
-        extra |= {
-            "sharded": sharded,
-            "sharded_opt": torch.optim.SGD(sharded.parameters(), lr=plan.lr, momentum=0.9),
-            "checkpoint_dir": os.path.join(plan.folder, "dcp"),
-        }
+        extra |= _sharded(plan, hvd.size())
+        extra["checkpoint_dir"] = os.path.join(plan.folder, "dcp")
+        if plan.reshard:
+            extra["reshard"] = lambda size: _sharded(plan, size)
     return extra
+
+
+def _sharded(plan: Plan, world: int) -> dict[str, Any]:
+    """The FSDP2 copy sharded over a world of `world`, and its optimizer."""
+    sharded = _shard(model(), world)
+    opt = torch.optim.SGD(sharded.parameters(), lr=plan.lr, momentum=0.9)
+    return {"sharded": sharded, "sharded_opt": opt}
 
 
 def _batches(

@@ -80,3 +80,24 @@ def test_a_commit_of_any_rank_resumes_the_epoch_with_exactly_the_samples_left(
         resumed.append(list(s))
     rest = [i for shard in resumed for i in shard]
     assert sorted(rest) == sorted(set(range(samples)) - done)  # none twice, none skipped
+
+
+def test_a_sharded_state_re_forms_in_place_only_with_reshard(tmp_path, monkeypatch, caplog):
+    """FSDP2's mesh is the world it was made in: without `reshard=` the state says it cannot
+    re-form in place, and how to let it."""
+    import torch.distributed as dist
+
+    from hora.torch.elastic import TorchState
+    from tests.elastic import _jobs
+
+    monkeypatch.setenv("HORA_ELASTIC", "1")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        net = _jobs._shard(_jobs.model(), 1)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        assert not TorchState(net, opt, checkpoint_dir=tmp_path).reforms_in_place()
+        assert "pass reshard=fn" in caplog.text
+        state = TorchState(net, opt, checkpoint_dir=tmp_path, reshard=lambda size: (net, opt))
+        assert state.reforms_in_place()
+    finally:
+        dist.destroy_process_group()

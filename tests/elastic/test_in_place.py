@@ -77,3 +77,45 @@ def test_a_killed_rank_s_survivors_train_on_in_place_and_grow_back_in_the_same_p
         rf"the ranks went on from commit {starts[2]}",
         err,
     ), err
+
+
+def test_an_fsdp2_sharded_state_re_forms_in_place_with_reshard(tmp_path, monkeypatch, capfd):
+    """The same run with an FSDP2 twin of the MLP in the state (`reshard=`): after the kill the
+    survivors rebuild it sharded over 2 ranks and load the last DCP commit; to grow, the running
+    ranks rebuild it over 3 and every rank, the new one too, loads the commit they stopped at.
+    The survivors keep their PIDs, and the sharded weights equal one process's."""
+    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
+    Path(tmp_path, _jobs.BACK_MARK).touch()
+    plan = _jobs.Plan(
+        str(tmp_path),
+        full=3,
+        samples=SAMPLES,
+        commit_every=3,
+        fault="self",
+        fault_commit=1,
+        wait_for_return=True,
+        fsdp=True,
+        reshard=True,
+    )
+    results = hora.run(_jobs.train, (plan,), np=3, min_np=2, timeout=240)
+    steps, worlds, starts = _jobs.kept_steps(str(tmp_path))
+    logs = _jobs.read_logs(str(tmp_path))
+    assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)
+    assert worlds == [3, 2, 3], worlds
+    assert starts[0] == 0 and 0 < starts[1] < starts[2], starts
+    pids = {life: {r: e[0]["pid"] for r, e in ranks.items()} for life, ranks in logs.items()}
+    survivors = [pids[0, 0][0], pids[0, 0][1]]
+    assert [pids[0, 1][r] for r in (0, 1)] == survivors, pids
+    assert [pids[0, 2][r] for r in (0, 1)] == survivors, pids
+    assert [r["pid"] for r in results][:2] == survivors
+    assert _jobs.samples_per_epoch(steps) == {e: list(range(SAMPLES)) for e in range(plan.epochs)}
+    want = _jobs.reference(plan, steps)
+    assert [(r["world"], r["mesh"]) for r in results] == [(3, 3)] * 3  # sharded over 3
+    for r in results:
+        for key, value in want.items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-10)
+            torch.testing.assert_close(r["sharded"][key], value, rtol=0, atol=1e-9)
+    err = capfd.readouterr().err
+    assert "hora: restarting" not in err and "hora: resizing from" not in err, err
+    assert "hora: resized in place from 3 to 2 ranks" in err, err
+    assert "hora: resized in place from 2 to 3 ranks" in err, err

@@ -7,20 +7,25 @@ a `hora.data` loader's position, plain values, and FSDP2-sharded models (Horovod
 DTensors: FSDP2's `fully_shard`) has no whole copy on any rank, and a lost host takes its shards
 with it, so its commit is a torch.distributed.checkpoint (DCP) written by every rank into
 `checkpoint_dir`, which must be storage every host sees; the host's commit names it, and a new
-attempt loads it at its own world size (DCP reshards on load).
+attempt loads it at its own world size (DCP reshards on load). hora cannot move an FSDP2 module
+to another world's mesh (`fully_shard` applies once, and its DTensors keep their mesh), so a
+world re-formed in place keeps a sharded state only with `reshard=`: the user's function builds
+the model and optimizer anew in the new world, and every rank of it loads the last checkpoint.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
-from hora.collectives import rank
+from hora import environment
+from hora.collectives import rank, size
 from hora.collectives.elastic import ObjectState
 from hora.collectives.elastic import State as State
 from hora.torch.elastic.sampler import ElasticSampler
@@ -31,7 +36,13 @@ from hora.torch.functions import (
     broadcast_parameters,
 )
 
-__all__ = ["ObjectState", "State", "TorchState"]
+__all__ = ["ObjectState", "Reshard", "State", "TorchState"]
+
+log = logging.getLogger(__name__)
+
+#: `reshard=`: given the new world's size, the sharded model and its optimizer built anew in it,
+#: as (model, optimizer) for the state's `model` and `optimizer`, or by the state's names
+Reshard = Callable[[int], tuple[torch.nn.Module, torch.optim.Optimizer] | Mapping[str, Any]]
 
 KEEP_SHARDED_COMMITS = 2  # a host's store may name the commit before the last
 
@@ -89,14 +100,23 @@ class _PositionHandler(_Handler):
 
 
 class _ShardedHandler(_Handler):
-    """A sharded model and the optimizers of its parameters, committed as a DCP checkpoint."""
+    """A sharded model and the optimizers of its parameters, committed as a DCP checkpoint.
+
+    Loading needs every rank of the world (DCP reshards over it), so `sync()` loads rank 0's
+    checkpoint on every rank when any rank's model does not hold it yet: one rebuilt in a
+    re-formed world (`rebuild`), or a new rank's.
+    """
 
     def __init__(
-        self, model: torch.nn.Module, optimizers: list[torch.optim.Optimizer], directory: str
+        self,
+        model: torch.nn.Module,
+        optimizers: dict[str, torch.optim.Optimizer],
+        directory: str,
     ) -> None:
-        self.optimizers = optimizers
+        self.optimizers = optimizers  # by the state's names
         self.directory = directory
         self._path: str | None = None
+        self._loaded: str | None = None  # the checkpoint the model holds now
         super().__init__(model)
 
     def save(self) -> None:
@@ -107,7 +127,7 @@ class _ShardedHandler(_Handler):
 
         path = os.path.join(self.directory, f"commit-{index}")
         dcp.save(self._state_dict(), checkpoint_id=path)
-        self._path = path
+        self._path = self._loaded = path
         if rank() == 0:
             old = os.path.join(self.directory, f"commit-{index - KEEP_SHARDED_COMMITS}")
             shutil.rmtree(old, ignore_errors=True)
@@ -122,10 +142,15 @@ class _ShardedHandler(_Handler):
         dcp.load(state, checkpoint_id=self._path)  # reshards to this world
         set_state_dict(
             self.value,
-            self.optimizers,
+            list(self.optimizers.values()),
             model_state_dict=state["model"],
             optim_state_dict=state["optimizers"],
         )
+        self._loaded = self._path
+
+    def rebuild(self, model: torch.nn.Module, optimizers: dict[str, torch.optim.Optimizer]) -> None:
+        """The model and optimizers made anew in a re-formed world: they hold no commit yet."""
+        self.value, self.optimizers, self._loaded = model, optimizers, None
 
     def committed(self) -> Any:
         return {"dcp": self._path}
@@ -135,12 +160,17 @@ class _ShardedHandler(_Handler):
         self.restore()
 
     def sync(self) -> None:
-        """Each rank holds its own shards: nothing to broadcast."""
+        """Each rank holds its own shards; a rank whose model lacks rank 0's checkpoint (a
+        rebuilt or new one) makes every rank load it, since the load is collective."""
+        self._path = broadcast_object(self._path, root_rank=0, name="elastic.sharded")
+        stale = allgather_object(self._path is not None and self._loaded != self._path)
+        if any(stale):
+            self.restore()
 
     def _state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model, optimizers = get_state_dict(self.value, self.optimizers)
+        model, optimizers = get_state_dict(self.value, list(self.optimizers.values()))
         return {"model": model, "optimizers": optimizers}
 
 
@@ -161,7 +191,7 @@ def _handlers(
             "sees, where each commit is written as a torch.distributed.checkpoint"
         )
     owner = {id(p): n for n, m in sharded.items() for p in m.parameters()}
-    with_model: dict[str, list[torch.optim.Optimizer]] = {n: [] for n in sharded}
+    with_model: dict[str, dict[str, torch.optim.Optimizer]] = {n: {} for n in sharded}
     handlers: dict[str, _Handler] = {}
     plain: dict[str, Any] = {}
     for name, value in values.items():
@@ -171,7 +201,7 @@ def _handlers(
             params = [p for group in value.param_groups for p in group["params"]]
             owners = {owner.get(id(p)) for p in params}
             if owners and None not in owners and len(owners) == 1:
-                with_model[owners.pop()].append(value)  # type: ignore[index]
+                with_model[owners.pop()][name] = value  # type: ignore[index]
                 continue
             handlers[name] = _OptimizerHandler(value)
         elif isinstance(value, torch.nn.Module):
@@ -187,6 +217,14 @@ def _handlers(
     return handlers, plain
 
 
+def _by_name(built: Any) -> Mapping[str, Any]:
+    """What `reshard` returned, by the state's names."""
+    if isinstance(built, Mapping):
+        return built
+    model, optimizer = built
+    return {"model": model, "optimizer": optimizer}
+
+
 class TorchState(ObjectState):
     """State of a PyTorch training loop: `model`, `optimizer`, samplers, loaders, plain values.
 
@@ -194,10 +232,14 @@ class TorchState(ObjectState):
     arguments) are saved
     with deep copies of their state_dicts; other keyword arguments are plain values. A model
     sharded with FSDP2 is committed to `checkpoint_dir` (storage every host sees), with the
-    optimizers of its parameters.
+    optimizers of its parameters. With `reshard(size)`, which builds the sharded model and its
+    optimizer anew in a world of `size` (`Reshard`), a world re-formed in place keeps them: the
+    survivors (or the running ranks, to grow) rebuild them and every rank loads the last
+    checkpoint; without it, such a state restarts every rank.
     """
 
     _handlers: dict[str, _Handler]  # set past __setattr__, which consults it
+    _reshard: Reshard | None
 
     def __init__(
         self,
@@ -205,12 +247,14 @@ class TorchState(ObjectState):
         optimizer: torch.optim.Optimizer | None = None,
         *,
         checkpoint_dir: str | os.PathLike[str] | None = None,
+        reshard: Reshard | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.update(model=model, optimizer=optimizer)
         directory = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
         handlers, plain = _handlers(kwargs, directory)
         object.__setattr__(self, "_handlers", handlers)
+        object.__setattr__(self, "_reshard", reshard)
         for name, value in kwargs.items():
             if name not in plain:
                 object.__setattr__(self, name, value)
@@ -224,8 +268,39 @@ class TorchState(ObjectState):
 
     def reforms_in_place(self) -> bool:
         """A sharded model's mesh is the world it was made in, and a lost rank took its shards:
-        such a state restarts from its checkpoint instead."""
-        return not any(isinstance(h, _ShardedHandler) for h in self._each())
+        only `reshard=` can make it anew in a re-formed world; else the state restarts from its
+        checkpoint."""
+        sharded = [n for n, h in self._handlers.items() if isinstance(h, _ShardedHandler)]
+        if not sharded or self._reshard is not None:
+            return True
+        if environment.current().elastic:
+            log.warning(
+                "TorchState: %s is sharded (FSDP2), so a lost rank restarts every rank; pass "
+                "reshard=fn, where fn(size) builds and shards the model and its optimizer in a "
+                "world of that size, for the survivors to go on in place",
+                ", ".join(sharded),
+            )
+        return False
+
+    def reformed(self) -> None:
+        """Rebuild each sharded model and its optimizers in the new world (`reshard`); they
+        load the last checkpoint in `restore()` or `sync()`."""
+        sharded = {n: h for n, h in self._handlers.items() if isinstance(h, _ShardedHandler)}
+        if not sharded or self._reshard is None:
+            return
+        built = _by_name(self._reshard(size()))
+        for name, handler in sharded.items():
+            wanted = [name, *handler.optimizers]
+            missing = [n for n in wanted if n not in built]
+            if missing:
+                raise ValueError(
+                    f"TorchState: reshard returned no {', '.join(missing)}: return "
+                    f"{{{', '.join(repr(n) + ': ...' for n in wanted)}}} (or (model, optimizer) "
+                    "when they are the state's model and optimizer)"
+                )
+            handler.rebuild(built[name], {n: built[n] for n in handler.optimizers})
+            for n in wanted:
+                object.__setattr__(self, n, built[n])
 
     def _each(self) -> Iterable[_Handler]:
         return self._handlers.values()
