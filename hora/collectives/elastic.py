@@ -275,17 +275,13 @@ def run(
             order: Reform | None = None
             try:
                 result = func(state, *args, **kwargs)
-            except HorovodInternalError:
-                if resets >= limit:
-                    raise
-                resets += 1
-                log.warning("collective failed; restoring the last commit and re-initialising")
-                order = _await_reform() if reformable else None
-                rolled_back = order is not None
-                if order is None:
-                    state.restore()
             except HostsUpdatedInterrupt as interrupt:
                 order, rolled_back = _grown(state, interrupt, reformable), False
+            except Exception as error:
+                if resets >= limit or not _may_heal(error, reformable):
+                    raise
+                resets += 1
+                order, rolled_back = _after_failure(error, state, reformable), True
             else:
                 state._commits.finish()
                 return result
@@ -297,6 +293,40 @@ def run(
             _go_on_in(order, state, rolled_back)
 
     return wrapper
+
+
+def _may_heal(error: Exception, reformable: bool) -> bool:
+    """A failed collective: Horovod's; or, where the world re-forms in place, torch.distributed's
+    own (FSDP2's all-gathers, DCP's saves: a gloo pair closed by a lost peer), which a lost rank
+    fails first in a sharded model's step."""
+    if isinstance(error, HorovodInternalError):
+        return True
+    if not reformable:
+        return False
+    if isinstance(error, torch.distributed.DistError):
+        return True
+    raised = error.__traceback__
+    while raised is not None and raised.tb_next is not None:
+        raised = raised.tb_next
+    module = raised.tb_frame.f_globals.get("__name__", "") if raised is not None else ""
+    return str(module).startswith("torch.distributed")
+
+
+def _after_failure(error: Exception, state: State, reformable: bool) -> Reform | None:
+    """The driver's order to re-form (the state restores in the new world); else the state
+    restored here, to reset as before. A torch.distributed error that no lost rank explains
+    is the job's own: raised again."""
+    order = _await_reform() if reformable else None
+    if order is None and not isinstance(error, HorovodInternalError):
+        raise error
+    log.warning(
+        "collective failed (%s: %.120s); restoring the last commit",
+        type(error).__name__,
+        str(error).split("\n")[0],
+    )
+    if order is None:
+        state.restore()
+    return order
 
 
 def _go_on_in(order: Reform, state: State, rolled_back: bool) -> None:

@@ -136,13 +136,13 @@ def train(plan: Plan) -> dict[str, Any]:
         waited = False
         while state.epoch < plan.epochs:
             for j, (idx, xb, yb) in enumerate(_batches(state, plan, x, y)):
-                state.optimizer.zero_grad()
-                _loss(state.model, xb, yb).backward()
-                state.optimizer.step()
-                if plan.fsdp:
+                if plan.fsdp:  # first: a lost rank fails FSDP2's collectives first
                     state.sharded_opt.zero_grad()
                     _loss(state.sharded, xb, yb).backward()
                     state.sharded_opt.step()
+                state.optimizer.zero_grad()
+                _loss(state.model, xb, yb).backward()
+                state.optimizer.step()
                 log(
                     {
                         "n": n,

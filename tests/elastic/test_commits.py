@@ -101,3 +101,23 @@ def test_a_sharded_state_re_forms_in_place_only_with_reshard(tmp_path, monkeypat
         assert state.reforms_in_place()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_torch_distributed_error_heals_only_where_the_world_re_forms():
+    """FSDP2's and DCP's collectives fail with torch.distributed's errors, not Horovod's: under
+    an in-place run they wait for the driver's word too; a user's own error never does."""
+    import torch.distributed as dist
+
+    from hora.collectives import HorovodInternalError
+    from hora.collectives.elastic import _may_heal
+
+    def raised(error: Exception) -> Exception:
+        try:
+            raise error
+        except Exception as caught:
+            return caught
+
+    assert _may_heal(HorovodInternalError("lost"), reformable=False)
+    assert _may_heal(dist.DistError("lost"), reformable=True)
+    assert not _may_heal(dist.DistError("lost"), reformable=False)
+    assert not _may_heal(raised(RuntimeError("shape mismatch")), reformable=True)
