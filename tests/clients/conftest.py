@@ -21,17 +21,27 @@ def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
     return env | {"PYTHONPATH": REPO + (os.pathsep + path if path else "")}
 
 
+#: how a rank of torchrun's own run (the reference) was seen to die now and then on this 2-core
+#: machine: a C++ std::terminate in gloo's teardown, torch's flake and not the run under test
+TORN_DOWN = "terminate called without an active exception"
+
+
 def torchrun(job: str, out: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
+    """The reference: `job` under torchrun, run once more should torch's teardown abort a rank."""
     out.mkdir(exist_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += [f"--nproc_per_node={nproc}", TRAIN, job, str(out), *args]
-    return subprocess.run(
-        command,
-        env=with_repo_on_path(dict(os.environ)),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    for _ in range(2):
+        done = subprocess.run(
+            command,
+            env=with_repo_on_path(dict(os.environ)),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if done.returncode == 0 or TORN_DOWN not in done.stderr:
+            return done
+    return done
 
 
 def results(out: Path, job: str, ranks: int = 2) -> list[dict[str, Any]]:
