@@ -1,6 +1,6 @@
 """Fixtures for the multi-host tests: a cluster of namespaced hosts (`_cluster.Cluster`), started
-once per test module (the Spark-only one once for the modules that ask for it), with Spark
-standalone or Ray on it and this process as the driver on the bridge address.
+once per test module, with Spark standalone or Ray on it and this process as the driver on the
+bridge address.
 
 Skipped, with the reason, where namespaces cannot be made (not root, no `ip`/`unshare`, no bridge)
 or where the engine is not installed. Every cluster process carries this test session's tag, so
@@ -75,12 +75,10 @@ def stop_cluster(cluster: Cluster) -> None:
 
 
 # ----- Spark ---------------------------------------------------------------------------------
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def spark_cluster() -> Iterator[Cluster]:
     """Spark standalone on the hosts, and an active SparkSession whose driver is this process
-    (bound to the bridge address); every executor registered before the first test. One for
-    the modules that ask for it (test_spark.py, then test_spark_faults.py, whose faults are
-    undone after each test): the modules with clusters of their own run before them."""
+    (bound to the bridge address); every executor registered before the first test."""
     pytest.importorskip("pyspark", reason="pyspark is not installed")
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         pytest.skip("Java is not installed: Spark cannot start")
@@ -101,12 +99,8 @@ def spark_cluster() -> Iterator[Cluster]:
 def spark_session_on(cluster: Cluster, cores: int = CORES, memory: str = "512m") -> Any:
     """A SparkSession on the cluster's master, this process its driver on the bridge address;
     returns once every host's executor has registered."""
-    from pyspark import SparkContext
-
     from tests.spark.conftest import start_spark
 
-    # getOrCreate would hand back another cluster's session (a fixture that outlived its module)
-    assert SparkContext._active_spark_context is None, "a SparkSession is still running"
     session = start_spark(
         cluster.spark_master,
         **{
