@@ -282,17 +282,13 @@ def run_ray_train(cluster: Any, whole: Any) -> dict[str, float]:
     }
 
 
-def ray_whole(cluster: Any, seconds: float = 120.0) -> None:
+def ray_whole(cluster: Any) -> None:
     """Host 2's services again, and its Ray node alive in the driver's view. (Its CPUs need not
     be free: a running placement group takes them again for the bundles it lost.)"""
-    import ray
+    from tests.cluster.conftest import wait_for_ray_nodes
 
     cluster.make_whole()
-    deadline = time.monotonic() + seconds
-    while sum(bool(n["Alive"] and n["Resources"].get("CPU")) for n in ray.nodes()) < 2:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"host 2's Ray node is not back after {seconds} s")
-        time.sleep(0.1)
+    wait_for_ray_nodes(2)
 
 
 def commit_cost(megabytes: int = 10, reps: int = 20) -> None:

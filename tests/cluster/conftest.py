@@ -147,6 +147,20 @@ def make_whole(cluster: Cluster) -> None:
         wait_for_ray_cpus(HOSTS * CORES)
 
 
+def wait_for_ray_nodes(count: int, seconds: float = WAIT_SECONDS) -> None:
+    """Until `count` Ray nodes with CPUs are alive in the driver's view. (Their CPUs need not
+    be free: a run's placement group takes them again for the bundles it lost.)"""
+    import ray
+
+    deadline = time.monotonic() + seconds
+    while (
+        have := sum(bool(n["Alive"] and n["Resources"].get("CPU")) for n in ray.nodes())
+    ) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{have} of {count} Ray nodes alive after {seconds} s")
+        time.sleep(0.1)
+
+
 def wait_for_ray_cpus(cpus: int, seconds: float = WAIT_SECONDS) -> None:
     import ray
 

@@ -43,6 +43,7 @@ from tests.cluster.conftest import (
     start_cluster,
     stop_cluster,
     timed,
+    wait_for_ray_nodes,
 )
 from tests.elastic import _jobs, _keras_jobs
 from tests.ray.conftest import live_actors, live_placement_groups
@@ -193,20 +194,6 @@ def test_spark_shrinks_on_a_lost_host_and_grows_back_keras(whole, tmp_path, capf
             assert abs(got - value).max() < 1e-9, (got, value)
 
 
-def _wait_for_ray_nodes(count: int, seconds: float = 120.0) -> None:
-    """Until `count` Ray nodes with CPUs are alive in the driver's view. (Their CPUs need not
-    be free: a run's placement group takes them again for the bundles it lost.)"""
-    import ray
-
-    deadline = time.monotonic() + seconds
-    while (
-        have := sum(bool(n["Alive"] and n["Resources"].get("CPU")) for n in ray.nodes())
-    ) < count:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{have} of {count} Ray nodes alive after {seconds} s")
-        time.sleep(0.1)
-
-
 @pytest.mark.timeout(600)
 def test_spark_re_forms_in_place_on_a_lost_host_and_grows_back_in_place(whole, tmp_path, capfd):
     """Host 2 killed mid-epoch: its ranks' Spark jobs fail, host 1's tasks live on (each rank
@@ -250,7 +237,7 @@ def test_ray_re_forms_in_place_when_an_actors_node_is_removed_and_grows_back(
     def bring_back(_: str) -> None:
         back["asked"] = time.time()
         whole.make_whole()  # host 2's services again: its Ray node started
-        _wait_for_ray_nodes(HOSTS)
+        wait_for_ray_nodes(HOSTS)
         back["alive"] = time.time()
         (tmp_path / _jobs.BACK_MARK).touch()
 
