@@ -220,8 +220,8 @@ def test_ray_re_forms_in_place_when_an_actors_node_is_removed_and_grows_back(
     again, new actors start there, and at the next commit the run grows back to 4 in place,
     host 1's ranks still in their processes; it finishes. Every sample of every epoch once, the
     weights those of one process on the same steps (4, 2, then 4 ranks). Nothing of the job is
-    left on Ray: every actor (the lost ones too) killed, the placement group removed. Seen in 2
-    of 7 runs: the growth in place failed (a new actor in a lost bundle died: "The actor died
+    left on Ray: every actor (the lost ones too) killed, the placement group removed. Seen in 3
+    of 8 runs: the growth in place failed (a new actor in a lost bundle died: "The actor died
     unexpectedly") and the attempt restarted from host 1's commit; that path is checked as
     strictly and said in the notes."""
     plan = _jobs.Plan(
@@ -268,7 +268,7 @@ def test_ray_re_forms_in_place_when_an_actors_node_is_removed_and_grows_back(
         "2, 3; the running ranks keep their processes" in err
     ), err
     if (0, 2) not in logs:
-        # Seen in 2 of 7 runs: a new actor in a lost bundle died (Ray may still map the bundle to
+        # Seen in 3 of 8 runs: a new actor in a lost bundle died (Ray may still map the bundle to
         # the dead node) and the attempt restarted from host 1's commit, correctly; say why
         assert sorted(logs) == [(0, 0), (0, 1), (1, 0)], sorted(logs)
         why = [line for line in err.splitlines() if line.startswith("hora: ")]
