@@ -220,10 +220,9 @@ def test_ray_re_forms_in_place_when_an_actors_node_is_removed_and_grows_back(
     again, new actors start there, and at the next commit the run grows back to 4 in place,
     host 1's ranks still in their processes; it finishes. Every sample of every epoch once, the
     weights those of one process on the same steps (4, 2, then 4 ranks). Nothing of the job is
-    left on Ray: every actor (the lost ones too) killed, the placement group removed. Seen in 3
-    of 8 runs: the growth in place failed (a new actor in a lost bundle died: "The actor died
-    unexpectedly") and the attempt restarted from host 1's commit; that path is checked as
-    strictly and said in the notes."""
+    left on Ray: every actor (the lost ones too) killed, the placement group removed. (Ray may
+    still map the lost bundles to the dead node when the node returns: the launcher waits for
+    Ray to let them go before it makes their new actors, which would otherwise die at once.)"""
     plan = _jobs.Plan(
         str(tmp_path),
         full=NP,
@@ -267,13 +266,6 @@ def test_ray_re_forms_in_place_when_an_actors_node_is_removed_and_grows_back(
         "hora: growing in place from 2 to 4 ranks (free slots for 4 ranks): starting ranks "
         "2, 3; the running ranks keep their processes" in err
     ), err
-    if (0, 2) not in logs:
-        # Seen in 3 of 8 runs: a new actor in a lost bundle died (Ray may still map the bundle to
-        # the dead node) and the attempt restarted from host 1's commit, correctly; say why
-        assert sorted(logs) == [(0, 0), (0, 1), (1, 0)], sorted(logs)
-        why = [line for line in err.splitlines() if line.startswith("hora: ")]
-        note("  ray: the growth in place failed, the run restarted:\n    " + "\n    ".join(why))
-        return
     # one attempt: its first world, shrunk in place, grown back in place
     assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)
     assert {r: pids[0, 2][r] for r in (0, 1)} == kept, pids

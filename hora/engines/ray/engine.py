@@ -223,29 +223,35 @@ class RayLauncher(Launcher):
             more = len(joiners) - len(anew) - len(kept)
             if more:
                 anew += self._new_group(more, f"{self.tag}-grown-{joiners[0][0]}")
-            for slot in anew:
-                name = f"{self.tag}-slot-{slot}-{joiners[0][0]}"
-                actor = self._actor(slot, name)
-                if slot < len(self._actors):
-                    self._replaced.append(self._actors[slot])  # the lost one: killed at stop
-                    self._actors[slot] = actor
-                else:
-                    self._actors.append(actor)
-        self._thread(self._join, "hora-ray-join", joiners, running, anew + kept, dict(env))
+        self._thread(self._join, "hora-ray-join", joiners, running, anew, kept, dict(env))
 
     def _join(
         self,
         joiners: list[tuple[int, int]],
         running: list[int],
-        slots: list[int],
+        anew: list[int],
+        kept: list[int],
         env: dict[str, str],
     ) -> None:
-        """Wait for the new actors, then start each joiner's worker with its place in the
-        larger world; a failure is every joiner's (the attempt then fails, and restarts)."""
+        """Make the new actors (once their bundles are no longer on a lost node), wait for them,
+        then start each joiner's worker with its place in the larger world; a failure is every
+        joiner's (the attempt then fails, and restarts)."""
         ray = _ray()
         ctx = self._ctx
         assert ctx is not None
+        slots = anew + kept
         try:
+            self._wait_for_live_bundles(ray, anew)
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                for slot in anew:
+                    actor = self._actor(slot, f"{self.tag}-slot-{slot}-{joiners[0][0]}")
+                    if slot < len(self._actors):
+                        self._replaced.append(self._actors[slot])  # the lost one: killed at stop
+                        self._actors[slot] = actor
+                    else:
+                        self._actors.append(actor)
             where = self._located(ray, slots)
             before = [self._where[ident] for ident in running]
             order = environment.joining_order(
@@ -267,13 +273,25 @@ class RayLauncher(Launcher):
                 for ident, _ in joiners:
                     ctx.report(EngineFailed(ident, f"Ray could not start the rank: {exc}", ""))
 
+    def _wait_for_live_bundles(self, ray: Any, slots: list[int]) -> None:
+        """Until no bundle of `slots` is on a lost node that Ray has not yet declared dead (an
+        actor placed there would die at once), or the attempt stops. Ray then reserves the
+        bundle again where room is (a returning node); the driver's `start_timeout` bounds the
+        wait, as it bounds any joiner's start."""
+        while not self._stopping.is_set():
+            live = _live_nodes(ray)
+            with self._lock:
+                if not self._slots.stale(slots, ray.util.placement_group_table, live):
+                    return
+            self._stopping.wait(0.2)
+
     def spare(self) -> int:
         """Free slots whose bundle Ray holds reserved on a live node (`Slots.spare`)."""
         ray = _ray()
         with self._lock:
             if not self._slots.free or self._stopping.is_set():
                 return 0
-        live = {n["NodeID"] for n in ray.nodes() if n.get("Alive") and _answers(n)}
+        live = _live_nodes(ray)
         with self._lock:
             return self._slots.spare(ray.util.placement_group_table, live)
 
@@ -334,6 +352,11 @@ def capacity(spec: AttemptSpec, held: int) -> int:
             if each
         )
     return held + fits
+
+
+def _live_nodes(ray: Any) -> set[str]:
+    """The ids of the nodes Ray calls alive whose raylet answers."""
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive") and _answers(n)}
 
 
 def _answers(node: dict[str, Any]) -> bool:

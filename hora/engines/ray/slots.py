@@ -54,9 +54,19 @@ class Slots:
         `placement_group_table`; `live`: the ids of the nodes that answer)."""
         if not self.free:
             return 0
+        nodes = self._nodes(table)
+        return sum(1 for slot in self.free if nodes(slot) in live)
+
+    def stale(
+        self, slots: list[int], table: Callable[[Any], dict[str, Any]], live: set[str]
+    ) -> list[int]:
+        """Those of `slots` whose bundle Ray still maps to a node that no longer answers: Ray
+        has not yet declared the node dead (its health checks take seconds), and an actor
+        placed there dies at once. Once it has, the bundle is pending or reserved again."""
+        nodes = self._nodes(table)
+        return [slot for slot in slots if (node := nodes(slot)) is not None and node not in live]
+
+    def _nodes(self, table: Callable[[Any], dict[str, Any]]) -> Callable[[int], str | None]:
+        """Slot -> the id of the node Ray reserved its bundle on (None while it is pending)."""
         nodes = [table(group).get("bundles_to_node_id", {}) for group in self.groups]
-        return sum(
-            1
-            for slot in self.free
-            if nodes[self.where[slot].group].get(self.where[slot].bundle) in live
-        )
+        return lambda slot: nodes[self.where[slot].group].get(self.where[slot].bundle)
