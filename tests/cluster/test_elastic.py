@@ -9,14 +9,16 @@ standalone and Ray on every host, started once for these few jobs.
   commit (the FSDP2 model reloaded from its DCP checkpoint at each new size) and finishes. Every
   row of every epoch is trained once in the final model, which equals one process trained on
   the same steps, and so does the FSDP2 model.
-- Spark, the MLP alone and a Keras model (hora.tensorflow.keras.elastic's state and
-  callbacks): the same loss and return, in place both ways (each rank a Spark job of its own):
-  host 1's ranks keep their processes throughout, nothing restarts.
-- Ray, np=4, min_np=2, max_np=4: an actor's node is removed (host 2 killed) mid-epoch; host 1's
-  actors and their workers are kept and re-form a world of 2 in place (same processes); host 2's
-  node comes back, new actors start in the placement group's lost bundles (reserved there
-  again) and the run grows back to 4 in place, host 1's ranks still in their processes; every
-  sample of every epoch once, the weights those of one process on the same steps.
+- Spark, the MLP with its FSDP2 twin resharded in place (`reshard=`), and a Keras model
+  (hora.tensorflow.keras.elastic's state and callbacks): the same loss and return, in place
+  both ways (each rank a Spark job of its own): host 1's ranks keep their processes
+  throughout, nothing restarts.
+- Ray, np=4, min_np=2, max_np=4, the MLP with its FSDP2 twin (`reshard=`) and then the Keras
+  model: an actor's node is removed (host 2 killed) mid-epoch; host 1's actors and their
+  workers are kept and re-form a world of 2 in place (same processes); host 2's node comes
+  back, new actors start in the placement group's lost bundles (reserved there again) and the
+  run grows back to 4 in place, host 1's ranks still in their processes; every sample of every
+  epoch once, the weights those of one process on the same steps.
 """
 
 from __future__ import annotations
@@ -199,90 +201,128 @@ def test_spark_re_forms_in_place_on_a_lost_host_and_grows_back_in_place(whole, t
     """Host 2 killed mid-epoch: its ranks' Spark jobs fail, host 1's tasks live on (each rank
     is a job of its own), and its ranks re-form a world of 2 in the same processes; once host 2
     is back, two new tasks join them in place. Host 1's ranks keep their processes across
-    both resizes; every sample of every epoch once; the weights those of one process on the
-    same steps; nothing restarted."""
+    both resizes; every sample of every epoch once; the weights of the MLP and of its FSDP2
+    twin (`reshard=`: rebuilt over 2, then 4, loading the DCP commit each time) those of one
+    process on the same steps; nothing restarted."""
     plan, results, steps = _shrink_and_grow_on_spark(
-        whole, tmp_path, _jobs.train, "MLP, in place", capfd, shrinks=" in place", grows="yes"
+        whole,
+        tmp_path,
+        _jobs.train,
+        "MLP+FSDP2, in place",
+        capfd,
+        shrinks=" in place",
+        grows="yes",
+        fsdp=True,
+        reshard=True,
     )
     want = _jobs.reference(plan, steps)
+    assert [r["mesh"] for r in results] == [NP] * NP  # sharded over 4 again
     for r in results:
         for key, value in want.items():
             torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
+            torch.testing.assert_close(r["sharded"][key], value, rtol=0, atol=1e-9)
 
 
-@pytest.mark.timeout(600)
-def test_ray_re_forms_in_place_when_an_actors_node_is_removed_and_grows_back(
-    whole, tmp_path, capfd
-):
-    """Host 2's Ray node removed mid-epoch (every process on it SIGKILLed): its actors are lost,
-    host 1's are kept, and their ranks re-form a world of 2 in the same processes (no restart).
-    Host 2's Ray node comes back: Ray reserves the lost bundles of the placement group on it
-    again, new actors start there, and at the next commit the run grows back to 4 in place,
-    host 1's ranks still in their processes; it finishes. Every sample of every epoch once, the
-    weights those of one process on the same steps (4, 2, then 4 ranks). Nothing of the job is
-    left on Ray: every actor (the lost ones too) killed, the placement group removed. (Ray may
-    still map the lost bundles to the dead node when the node returns: the launcher waits for
-    Ray to let them go before it makes their new actors, which would otherwise die at once.)"""
+def _shrink_and_grow_in_place_on_ray(
+    cluster: Cluster, folder: Path, job: Any, what: str, capfd: Any, **options: Any
+) -> tuple[_jobs.Plan, list[dict[str, Any]], list[_jobs.Step]]:
+    """`job` on Ray (np=4, min_np=2, max_np=4) loses host 2's node (every process on it
+    SIGKILLed) mid-epoch: host 1's actors and ranks re-form a world of 2 in place; the node
+    comes back, new actors start in the lost bundles, and the run grows back to 4 in place.
+    Checked: one attempt, host 1's PIDs kept, the new ranks new processes on host 2, the
+    driver's lines, nothing of the job left on Ray."""
     plan = _jobs.Plan(
-        str(tmp_path),
+        str(folder),
         full=NP,
         fault="host",
         fault_commit=1,
         step_seconds=0.05,
         wait_for_return=True,
+        **options,
     )
     back: dict[str, float] = {}
 
     def bring_back(_: str) -> None:
         back["asked"] = time.time()
-        whole.make_whole()  # host 2's services again: its Ray node started
+        cluster.make_whole()  # host 2's services again: its Ray node started
         wait_for_ray_nodes(HOSTS)
         back["alive"] = time.time()
-        (tmp_path / _jobs.BACK_MARK).touch()
+        (folder / _jobs.BACK_MARK).touch()
 
     with (
-        Watcher(_marked(tmp_path, _jobs.HOST_MARK), whole.kill_host) as killer,
-        Watcher(_marked(tmp_path, _jobs.SMALL_MARK), bring_back),
-        timed("elastic ray: a node removed, re-formed in place, node back, grown in place"),
+        Watcher(_marked(folder, _jobs.HOST_MARK), cluster.kill_host) as killer,
+        Watcher(_marked(folder, _jobs.SMALL_MARK), bring_back),
+        timed(f"elastic ray: a node removed, re-formed in place, node back, grown ({what})"),
     ):
         results = hora.run(
-            _jobs.train, (plan,), np=NP, min_np=2, max_np=NP, backend="ray", timeout=JOB_TIMEOUT
+            job, (plan,), np=NP, min_np=2, max_np=NP, backend="ray", timeout=JOB_TIMEOUT
         )
     assert not live_actors() and not live_placement_groups()
     steps, worlds = _kept_steps(plan)
-    logs = _jobs.read_logs(plan.folder)
     assert worlds == [NP, 2, NP], worlds
+    logs = _jobs.read_logs(plan.folder)
+    assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)  # one attempt, 3 worlds
     pids = {life: {r: e[0]["pid"] for r, e in ranks.items()} for life, ranks in logs.items()}
     kept = {r: pids[0, 0][r] for r in (0, 1)}  # host 1's ranks kept their processes
-    assert {r: pids[0, 1][r] for r in (0, 1)} == kept, pids
-    want = _jobs.reference(plan, steps)
-    for r in results:
-        for key, value in want.items():
-            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
-    err = capfd.readouterr().err
-    gone = rf"hora: resized in place from 4 to 2 ranks in [0-9.]+ s \(lost {killer.value}: "
-    assert re.search(gone + r".*; also lost: rank \d\); the ranks went on from commit", err), err
-    assert (
-        "hora: growing in place from 2 to 4 ranks (free slots for 4 ranks): starting ranks "
-        "2, 3; the running ranks keep their processes" in err
-    ), err
-    # one attempt: its first world, shrunk in place, grown back in place
-    assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)
-    assert {r: pids[0, 2][r] for r in (0, 1)} == kept, pids
+    assert {r: pids[0, 1][r] for r in (0, 1)} == kept == {r: pids[0, 2][r] for r in (0, 1)}, pids
     new = {pids[0, 2][r] for r in (2, 3)}
     assert not new & {*kept.values(), pids[0, 0][2], pids[0, 0][3]}, pids  # new processes
     assert [r["pid"] for r in results] == [pids[0, 2][r] for r in range(NP)]
     assert [r["world"] for r in results] == [NP] * NP
     hosts = [r["host"] for r in results]
     assert hosts[2] == hosts[3] == killer.value and hosts[0] == hosts[1] != killer.value, hosts
+    err = capfd.readouterr().err
     assert "hora: restarting" not in err and "hora: resizing from" not in err, err
+    gone = rf"hora: resized in place from 4 to 2 ranks in [0-9.]+ s \(lost {killer.value}: "
+    assert re.search(gone + r".*; also lost: rank \d\); the ranks went on from commit", err), err
+    assert (
+        "hora: growing in place from 2 to 4 ranks (free slots for 4 ranks): starting ranks "
+        "2, 3; the running ranks keep their processes" in err
+    ), err
     grew = r"hora: resized in place from 2 to 4 ranks in ([0-9.]+) s \(free slots for 4 ranks\)"
     seconds = re.search(grew, err)
     assert seconds, err
     first_at_4 = min(e["t"] for r in range(NP) for e in logs[0, 2][r] if "n" in e)
     note(
-        f"  ray grew in place: host back (its Ray node alive) -> first step at 4 ranks "
+        f"  ray grew in place ({what}): host back (its Ray node alive) -> first step at 4 ranks "
         f"{first_at_4 - back['alive']:.2f} s (from the restart of its services "
         f"{first_at_4 - back['asked']:.2f} s; the driver's growth to training on "
         f"{seconds.group(1)} s)"
     )
+    return plan, results, steps
+
+
+@pytest.mark.timeout(600)
+def test_ray_re_forms_in_place_when_a_node_is_removed_and_grows_back_mlp_and_fsdp2(
+    whole, tmp_path, capfd
+):
+    """The MLP and its FSDP2 twin (`reshard=`: rebuilt sharded over 2, then over 4, each time
+    loading the DCP commit) through a lost node and its return, in place both ways. Every
+    sample of every epoch once; both models' weights those of one process on the same steps
+    (4, 2, then 4 ranks). Ray may still map the lost bundles to the dead node when the node
+    returns: the launcher waits for Ray to let them go before it makes their new actors,
+    which would otherwise die at once."""
+    plan, results, steps = _shrink_and_grow_in_place_on_ray(
+        whole, tmp_path, _jobs.train, "MLP+FSDP2", capfd, fsdp=True, reshard=True
+    )
+    want = _jobs.reference(plan, steps)
+    assert [r["mesh"] for r in results] == [NP] * NP  # sharded over 4 again
+    for r in results:
+        for key, value in want.items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
+            torch.testing.assert_close(r["sharded"][key], value, rtol=0, atol=1e-9)
+
+
+@pytest.mark.timeout(600)
+def test_ray_re_forms_in_place_when_a_node_is_removed_and_grows_back_keras(whole, tmp_path, capfd):
+    """The Keras model (hora.tensorflow.keras.elastic's state and callbacks) through the same
+    loss and return on Ray, in place both ways: the new actors' ranks take the state by
+    broadcast, optimizer slots included; the weights those of one Keras process on the same
+    steps."""
+    plan, results, steps = _shrink_and_grow_in_place_on_ray(
+        whole, tmp_path, _keras_jobs.train, "Keras", capfd
+    )
+    want = hora.run(_keras_jobs.reference, (plan, steps), np=1, backend="local")[0]
+    for r in results:
+        for got, value in zip(r["weights"], want, strict=True):
+            assert abs(got - value).max() < 1e-9, (got, value)

@@ -107,6 +107,7 @@ def train(plan: _jobs.Plan) -> dict[str, Any]:
                     "epoch": state.epoch,
                     "commit": state.commit_index,
                     "idx": idx,
+                    "t": time.time(),
                 }
             )
             self.n += 1
