@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -315,6 +316,43 @@ def kept_steps(folder: str) -> tuple[list[Step], list[int], list[int]]:
             batches = tuple(tuple(e["idx"]) for e in entries)
             kept.append(Step(a, entries[0]["epoch"], world, batches))
     return kept, worlds, starts
+
+
+def check_in_place(
+    folder: str, results: list[dict[str, Any]], small: int
+) -> dict[Life, dict[int, int]]:
+    """One attempt whose first world shrank in place to `small` ranks and grew back in place:
+    the survivors (ranks below `small`) kept their processes in all three worlds, the ranks
+    that joined are new processes, and `results` come from the last world's ranks in order.
+    Returns each world's PIDs by rank."""
+    logs = read_logs(folder)
+    assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)  # one attempt, three worlds
+    pids = {life: {r: e[0]["pid"] for r, e in ranks.items()} for life, ranks in logs.items()}
+    kept = {r: pids[0, 0][r] for r in range(small)}
+    assert {r: pids[0, 1][r] for r in range(small)} == kept, pids
+    assert {r: pids[0, 2][r] for r in range(small)} == kept, pids
+    full = len(pids[0, 2])
+    joined = {pids[0, 2][r] for r in range(small, full)}
+    assert len(joined) == full - small and not joined & {*pids[0, 0].values()}, pids  # new
+    assert [r["pid"] for r in results] == [pids[0, 2][r] for r in range(full)]
+    assert [r["world"] for r in results] == [full] * full
+    return pids
+
+
+def check_grew_in_place(err: str, small: int, full: int, commit: int) -> None:
+    """The driver's lines for a growth in place from `small` to `full` ranks on the local
+    engine, which went on from `commit`."""
+    joined = ", ".join(str(r) for r in range(small, full))
+    assert (
+        f"hora: growing in place from {small} to {full} ranks (free slots for {full} ranks): "
+        f"starting rank{'s' if full - small > 1 else ''} {joined}; the running ranks keep "
+        "their processes"
+    ) in err, err
+    assert re.search(
+        rf"hora: resized in place from {small} to {full} ranks in [0-9.]+ s \(free slots for "
+        rf"{full} ranks\); the ranks went on from commit {commit}",
+        err,
+    ), err
 
 
 def samples_per_epoch(steps: list[Step]) -> dict[int, list[int]]:
