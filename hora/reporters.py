@@ -2,6 +2,9 @@
 
 A reporter is any callable taking `(step, metrics)`; these two cover the usual places. Both run
 on the driver, so the ranks need neither tensorboard nor mlflow, nor access to their servers.
+The first step after an elastic world re-formed in place carries `metrics["resized"]` (from,
+to, seconds, commit, why): both chart the new world size (`hora/world_size`) and the resize's
+seconds (`hora/resize_seconds`) at that step, and TensorBoard keeps its story as text.
 """
 
 from __future__ import annotations
@@ -11,11 +14,25 @@ from typing import Any
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
-    return {
+    """The numbers among the metrics, and a resize's world size and seconds."""
+    numbers = {
         k: float(v)
         for k, v in metrics.items()
         if isinstance(v, int | float) and not isinstance(v, bool)
     }
+    resized = metrics.get("resized")
+    if isinstance(resized, dict):
+        numbers["hora/world_size"] = float(resized["to"])
+        numbers["hora/resize_seconds"] = float(resized["seconds"])
+    return numbers
+
+
+def _story(resized: dict[str, Any]) -> str:
+    """A resize as the driver's log says it."""
+    return (
+        f"resized in place from {resized['from']} to {resized['to']} ranks in "
+        f"{resized['seconds']} s ({resized['why']}); went on from commit {resized['commit']}"
+    )
 
 
 class TensorBoard:
@@ -33,6 +50,8 @@ class TensorBoard:
             self._writer = SummaryWriter(log_dir=self.log_dir)
         for name, value in _numbers(metrics).items():
             self._writer.add_scalar(name, value, step)
+        if isinstance(metrics.get("resized"), dict):
+            self._writer.add_text("hora/resized", _story(metrics["resized"]), step)
         self._writer.flush()
 
     def close(self) -> None:

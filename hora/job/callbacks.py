@@ -154,8 +154,12 @@ class CollectMetrics(MonitorCallback):
         self.metrics.flush()
 
     def on_report(self, message: Any) -> None:
-        if type(message) is Metrics:
-            self.metrics.receive(message.rank, message.step, message.values)
+        match message:
+            case Metrics(rank=rank, step=step, values=values):
+                self.metrics.receive(rank, step, values)
+            case ResizedInPlace(before=before, size=size, seconds=seconds, commit=commit, why=why):
+                event = {"from": before, "to": size, "seconds": round(seconds, 3)}
+                self.metrics.resized(event | {"commit": commit, "why": why})
 
 
 class WatchGrowth(MonitorCallback):

@@ -7,7 +7,9 @@ lowest reporting rank's), the step is printed, handed to each reporter (`report_
 TensorBoard, MLflow, any callable; on a thread of their own, so that a slow one never holds up
 the ranks' logs) and kept for the run's history. A report that arrives after its step was
 emitted still counts in the history. One log lasts the whole run: a restarted attempt that
-reports a step again replaces it.
+reports a step again replaces it. A world re-formed in place shows in the first step after it:
+its metrics carry `"resized": {"from", "to", "seconds", "commit", "why"}`, in the history and
+for the reporters (which chart the new world size from there).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class MetricsLog:
         self._first_seen: dict[int, float] = {}
         self._emitted: dict[int, tuple[int, dict[int, dict[str, Any]]]] = {}  # (attempt, ranks)
         self._history: dict[int, dict[str, Any]] = {}
+        self._resized: dict[str, Any] | None = None  # for the next step emitted
+        self._resizes: dict[int, dict[str, Any]] = {}  # step -> the resize it came after
         self._delivery = _Delivery(reporters) if reporters else None
 
     def start_attempt(self, index: int, np: int) -> None:
@@ -45,12 +49,19 @@ class MetricsLog:
         self._attempt, self.np = index, np
         self._reporting, self._known_reporters = set(), False
 
+    def resized(self, event: dict[str, Any]) -> None:
+        """A world re-formed in place to `event["to"]` ranks: the old world's steps are
+        emitted, the next ones complete at the new size, and the first carries `event`."""
+        if event["to"] != self.np:
+            self.start_attempt(self._attempt, event["to"])
+        self._resized = dict(event)
+
     def receive(self, rank: int, step: int, values: dict[str, Any]) -> None:
         self._reporting.add(rank)
         emitted = self._emitted.get(step)
         if emitted is not None and emitted[0] == self._attempt and rank not in emitted[1]:
             emitted[1][rank] = values  # late for its line, not for the history
-            self._history[step] = aggregate(emitted[1])
+            self._history[step] = self._with_resize(step, aggregate(emitted[1]))
             return
         self._pending.setdefault(step, {})[rank] = values
         self._first_seen.setdefault(step, time.monotonic())
@@ -80,15 +91,21 @@ class MetricsLog:
 
     def _emit(self, step: int, by_rank: dict[int, dict[str, Any]]) -> None:
         self._known_reporters = True
-        values = aggregate(by_rank)
+        if self._resized is not None:
+            self._resizes[step], self._resized = self._resized, None
+        values = self._with_resize(step, aggregate(by_rank))
         self._emitted[step] = (self._attempt, by_rank)
         self._history[step] = values
-        if self.progress:
-            shown = ", ".join(f"{k}={_shown(v)}" for k, v in values.items())
+        if self.progress:  # (a resize the driver has said in a line of its own)
+            shown = ", ".join(f"{k}={_shown(v)}" for k, v in values.items() if k != "resized")
             ranks = f" (mean of {len(by_rank)} ranks)" if len(by_rank) > 1 else ""
             print(f"hora: step {step}: {shown}{ranks}", file=sys.stderr, flush=True)
         if self._delivery is not None:
             self._delivery.put(step, dict(values))
+
+    def _with_resize(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
+        resize = self._resizes.get(step)
+        return values if resize is None else values | {"resized": dict(resize)}
 
 
 class _Delivery:

@@ -63,6 +63,8 @@ class Plan:
     #: a hora.data.Dataset of `dataset(samples)` (columns id, x, y: `data_frame`): the samples
     #: come through its loader, committed in the TorchState, instead of an ElasticSampler
     data: Any = None
+    #: each step's loss through hora.report
+    report: bool = False
 
 
 def dataset(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,13 +139,7 @@ def train(plan: Plan) -> dict[str, Any]:
         waited = False
         while state.epoch < plan.epochs:
             for j, (idx, xb, yb) in enumerate(_batches(state, plan, x, y)):
-                if plan.fsdp:  # first: a lost rank fails FSDP2's collectives first
-                    state.sharded_opt.zero_grad()
-                    _loss(state.sharded, xb, yb).backward()
-                    state.sharded_opt.step()
-                state.optimizer.zero_grad()
-                _loss(state.model, xb, yb).backward()
-                state.optimizer.step()
+                _step(plan, state, xb, yb)
                 log(
                     {
                         "n": n,
@@ -184,6 +180,23 @@ def train(plan: Plan) -> dict[str, Any]:
         result["mesh"] = next(state.sharded.parameters()).device_mesh.size()
     result["host"] = socket.gethostname()
     return result
+
+
+def _step(plan: Plan, state: Any, x: torch.Tensor, y: torch.Tensor) -> None:
+    """One step of the MLP (and first of its FSDP2 twin: a lost rank fails FSDP2's collectives
+    first), its loss reported to hora with `plan.report`."""
+    if plan.fsdp:
+        state.sharded_opt.zero_grad()
+        _loss(state.sharded, x, y).backward()
+        state.sharded_opt.step()
+    state.optimizer.zero_grad()
+    loss = _loss(state.model, x, y)
+    loss.backward()
+    state.optimizer.step()
+    if plan.report:
+        import hora
+
+        hora.report({"loss": loss.item()})
 
 
 def _state_extras(plan: Plan, hvd: Any) -> dict[str, Any]:

@@ -36,8 +36,11 @@ def test_a_killed_rank_s_survivors_train_on_in_place_and_grow_back_in_the_same_p
         fault="self",
         fault_commit=1,
         wait_for_return=True,
+        report=True,
     )
-    results = hora.run(_jobs.train, (plan,), np=3, min_np=2, timeout=240)
+    results, history = hora.run(
+        _jobs.train, (plan,), np=3, min_np=2, timeout=240, return_metrics=True, progress=False
+    )
     steps, worlds, starts = _jobs.kept_steps(str(tmp_path))
     logs = _jobs.read_logs(str(tmp_path))
     # one attempt: its first world, shrunk in place, grown back in place
@@ -62,6 +65,13 @@ def test_a_killed_rank_s_survivors_train_on_in_place_and_grow_back_in_the_same_p
         err,
     ), err
     _jobs.check_grew_in_place(err, 2, 3, starts[2])
+    # hora.report's history shows each resize at the first step after it
+    resizes = [h["resized"] for h in history if "resized" in h]
+    assert [(r["from"], r["to"], r["commit"]) for r in resizes] == [
+        (3, 2, starts[1]),
+        (2, 3, starts[2]),
+    ], resizes
+    assert "rank 2 failed" in resizes[0]["why"] and resizes[1]["why"] == "free slots for 3 ranks"
 
 
 def test_an_fsdp2_sharded_state_re_forms_in_place_with_reshard(tmp_path, monkeypatch, capfd):

@@ -113,3 +113,42 @@ def test_bad_metrics_and_reporters_are_refused_before_anything_is_sent(capsys) -
         hora.run(_workers.report_steps, np=2, report_to=["tensorboard"])
     hora.report({"loss": 0.5}, step=3)  # outside a worker: printed
     assert "hora.report: step 3: {'loss': 0.5}" in capsys.readouterr().out
+
+
+def test_a_world_resized_in_place_shows_in_the_first_step_after_it(tmp_path) -> None:
+    """The old world's pending step is emitted with the ranks it has; the next steps are whole
+    at the new size, and the first carries the resize, for the history and the reporters."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    got: list[tuple[int, dict]] = []
+    board = hora.reporters.TensorBoard(str(tmp_path / "tb"))
+    log = MetricsLog([lambda step, values: got.append((step, values)), board], progress=False)
+    log.start_attempt(0, np=3)
+    for rank in range(3):
+        log.receive(rank, 1, {"loss": 3.0})
+    log.receive(0, 2, {"loss": 2.0})  # rank 2 is lost before it reports step 2
+    log.receive(1, 2, {"loss": 4.0})
+    log.flush()
+    event = {"from": 3, "to": 2, "seconds": 0.4, "commit": 1, "why": "rank 2 failed"}
+    log.resized(event)
+    for step in (3, 4):
+        for rank in range(2):
+            log.receive(rank, step, {"loss": 1.0})
+        log.flush()  # whole at 2 ranks: emitted at once
+    log.close()
+    assert [step for step, _ in got] == [1, 2, 3, 4]
+    assert log.history() == [
+        {"step": 1, "loss": 3.0},
+        {"step": 2, "loss": 3.0},
+        {"step": 3, "loss": 1.0, "resized": event},
+        {"step": 4, "loss": 1.0},
+    ]
+    tb = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0})
+    tb.Reload()
+    assert [(e.step, e.value) for e in tb.Scalars("hora/world_size")] == [(3, 2.0)]
+    (text,) = tb.Tensors("hora/resized/text_summary")
+    assert (
+        text.step == 3
+        and b"from 3 to 2 ranks in 0.4 s (rank 2 failed)" in (text.tensor_proto.string_val[0])
+    )
