@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from hora.wire.protocol import RESIZED_METRIC
+
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
     """The numbers among the metrics, and a resize's world size and seconds."""
@@ -20,7 +22,7 @@ def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
         for k, v in metrics.items()
         if isinstance(v, int | float) and not isinstance(v, bool)
     }
-    resized = metrics.get("resized")
+    resized = metrics.get(RESIZED_METRIC)
     if isinstance(resized, dict):
         numbers["hora/world_size"] = float(resized["to"])
         numbers["hora/resize_seconds"] = float(resized["seconds"])
@@ -50,8 +52,8 @@ class TensorBoard:
             self._writer = SummaryWriter(log_dir=self.log_dir)
         for name, value in _numbers(metrics).items():
             self._writer.add_scalar(name, value, step)
-        if isinstance(metrics.get("resized"), dict):
-            self._writer.add_text("hora/resized", _story(metrics["resized"]), step)
+        if isinstance(resized := metrics.get(RESIZED_METRIC), dict):
+            self._writer.add_text("hora/resized", _story(resized), step)
         self._writer.flush()
 
     def close(self) -> None:

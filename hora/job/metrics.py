@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hora.config import Reporter
+from hora.wire.protocol import RESIZED_METRIC
 
 SETTLE_SECONDS = 3.0
 
@@ -97,7 +98,7 @@ class MetricsLog:
         self._emitted[step] = (self._attempt, by_rank)
         self._history[step] = values
         if self.progress:  # (a resize the driver has said in a line of its own)
-            shown = ", ".join(f"{k}={_shown(v)}" for k, v in values.items() if k != "resized")
+            shown = ", ".join(f"{k}={_shown(v)}" for k, v in values.items() if k != RESIZED_METRIC)
             ranks = f" (mean of {len(by_rank)} ranks)" if len(by_rank) > 1 else ""
             print(f"hora: step {step}: {shown}{ranks}", file=sys.stderr, flush=True)
         if self._delivery is not None:
@@ -105,7 +106,7 @@ class MetricsLog:
 
     def _with_resize(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
         resize = self._resizes.get(step)
-        return values if resize is None else values | {"resized": dict(resize)}
+        return values if resize is None else values | {RESIZED_METRIC: dict(resize)}
 
 
 class _Delivery:

@@ -17,6 +17,7 @@ from typing import Any
 
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
+    RESIZED_METRIC,
     InPlace,
     Joining,
     Metrics,
@@ -197,6 +198,12 @@ def _checked(metrics: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in metrics.items():
         if not isinstance(name, str):
             raise TypeError(f"hora.report: metric names must be str, got {name!r}")
+        if name == RESIZED_METRIC:  # it would be replaced, unsaid, on the step after a resize
+            raise ValueError(
+                f"hora.report: the name {name!r} is hora's own (the first step after an elastic "
+                "world re-formed in place carries the resize under it); call your metric "
+                "something else"
+            )
         if hasattr(value, "item") and callable(value.item):  # a tensor's or numpy's scalar
             value = value.item()
         if not isinstance(value, int | float | str | bool | None):

@@ -131,6 +131,11 @@ class Metrics(NamedTuple):
     values: dict[str, Any]
 
 
+#: The metric under which the driver's history and reporters carry a world re-formed in place
+#: (on the first step after it); hora.report refuses it as a name of the user's.
+RESIZED_METRIC = "resized"
+
+
 class Stacks(NamedTuple):
     """Where a rank is: every thread's Python stack, and the collectives it has in flight."""
 

@@ -109,6 +109,8 @@ def test_mlflow_gets_every_step(tmp_path, monkeypatch) -> None:
 def test_bad_metrics_and_reporters_are_refused_before_anything_is_sent(capsys) -> None:
     with pytest.raises(TypeError, match="not a number or a string"):
         hora.report({"weights": [1, 2]})
+    with pytest.raises(ValueError, match=r"'resized' is hora's own .* call your metric something"):
+        hora.report({"resized": 1.0})  # else replaced, unsaid, on the step after a resize
     with pytest.raises(ValueError, match="report_to must be a list of callables"):
         hora.run(_workers.report_steps, np=2, report_to=["tensorboard"])
     hora.report({"loss": 0.5}, step=3)  # outside a worker: printed
