@@ -260,8 +260,7 @@ def _shrink_and_grow_in_place_on_ray(
     assert not live_actors() and not live_placement_groups()
     steps, worlds = _kept_steps(plan)
     assert worlds == [NP, 2, NP], worlds
-    _jobs.check_in_place(plan.folder, results, small=2)  # host 1's ranks kept their processes
-    logs = _jobs.read_logs(plan.folder)
+    logs = _jobs.check_in_place(plan.folder, results, small=2)  # host 1's kept their processes
     hosts = [r["host"] for r in results]
     assert hosts[2] == hosts[3] == killer.value and hosts[0] == hosts[1] != killer.value, hosts
     err = capfd.readouterr().err

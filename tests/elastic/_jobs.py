@@ -333,11 +333,11 @@ def kept_steps(folder: str) -> tuple[list[Step], list[int], list[int]]:
 
 def check_in_place(
     folder: str, results: list[dict[str, Any]], small: int
-) -> dict[Life, dict[int, int]]:
+) -> dict[Life, dict[int, list[dict[str, Any]]]]:
     """One attempt whose first world shrank in place to `small` ranks and grew back in place:
     the survivors (ranks below `small`) kept their processes in all three worlds, the ranks
     that joined are new processes, and `results` come from the last world's ranks in order.
-    Returns each world's PIDs by rank."""
+    Returns the logs (`read_logs`), for the caller's own checks."""
     logs = read_logs(folder)
     assert sorted(logs) == [(0, 0), (0, 1), (0, 2)], sorted(logs)  # one attempt, three worlds
     pids = {life: {r: e[0]["pid"] for r, e in ranks.items()} for life, ranks in logs.items()}
@@ -349,7 +349,7 @@ def check_in_place(
     assert len(joined) == full - small and not joined & {*pids[0, 0].values()}, pids  # new
     assert [r["pid"] for r in results] == [pids[0, 2][r] for r in range(full)]
     assert [r["world"] for r in results] == [full] * full
-    return pids
+    return logs
 
 
 def check_grew_in_place(err: str, small: int, full: int, commit: int) -> None:

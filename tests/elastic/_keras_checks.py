@@ -60,9 +60,8 @@ def check_shrunk_and_grown(plan: _jobs.Plan, results: list[dict[str, Any]], err:
     """`check_shrunk`'s, then a new process joined as rank 2 with the survivors' state (its
     optimizer's momentum too) and the three finished; returns the commit they went on from."""
     steps, worlds, starts = _jobs.kept_steps(plan.folder)
-    logs = _jobs.read_logs(plan.folder)
     # one attempt: its first world, shrunk in place, grown back in place
-    _jobs.check_in_place(plan.folder, results, small=2)
+    logs = _jobs.check_in_place(plan.folder, results, small=2)
     assert worlds == [3, 2, 3], worlds
     assert starts[0] == 0 and 0 < starts[1] < starts[2], starts
     # the reset callbacks got the new size on every rank, the new one included

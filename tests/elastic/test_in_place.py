@@ -42,9 +42,8 @@ def test_a_killed_rank_s_survivors_train_on_in_place_and_grow_back_in_the_same_p
         _jobs.train, (plan,), np=3, min_np=2, timeout=240, return_metrics=True, progress=False
     )
     steps, worlds, starts = _jobs.kept_steps(str(tmp_path))
-    logs = _jobs.read_logs(str(tmp_path))
     # one attempt: its first world, shrunk in place, grown back in place
-    _jobs.check_in_place(str(tmp_path), results, small=2)
+    logs = _jobs.check_in_place(str(tmp_path), results, small=2)
     assert worlds == [3, 2, 3], worlds
     assert starts[0] == 0 and 0 < starts[1] < starts[2], starts
     assert _jobs.samples_per_epoch(steps) == {e: list(range(SAMPLES)) for e in range(plan.epochs)}
