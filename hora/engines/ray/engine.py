@@ -342,10 +342,8 @@ def capacity(spec: AttemptSpec, held: int) -> int:
     cpus, gpus = _bundle(spec)
     free = available_resources_per_node()
     fits = 0
-    for node in ray.nodes():
-        if not node.get("Alive") or not _answers(node):
-            continue
-        have = free.get(node["NodeID"], {})
+    for node in _live_nodes(ray):
+        have = free.get(node, {})
         fits += min(
             int(have.get(name, 0) / each + 1e-9)
             for name, each in (("CPU", cpus), ("GPU", gpus))
