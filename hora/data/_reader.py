@@ -121,17 +121,22 @@ class Reader:
                 f.close()
 
     def _read(self, window: Window, files: dict[int, Any]) -> pa.Table:
-        location = self._dataset.location
-        filesystem, root = location.arrow()
-        parts = []
-        for index in window.pieces:
-            piece = self._dataset.pieces[index]
-            if piece.file not in files:
-                name = self._dataset.files[piece.file]
-                path = f"{root.rstrip('/')}/{name}" if name else root
-                files[piece.file] = pq.ParquetFile(filesystem.open_input_file(path))
-            parts.append(files[piece.file].read_row_group(piece.group, columns=self._columns))
+        parts = [read_piece(self._dataset, i, self._columns, files) for i in window.pieces]
         return fixed_size(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
+
+
+def read_piece(
+    dataset: Files, index: int, columns: Sequence[str], files: dict[int, Any]
+) -> pa.Table:
+    """Piece `index` of `dataset` (one row group) with `columns`, its `rows` rows in file order;
+    `files` keeps the Parquet files opened so far, by file index (the caller closes them)."""
+    piece = dataset.pieces[index]
+    if piece.file not in files:
+        filesystem, root = dataset.location.arrow()
+        name = dataset.files[piece.file]
+        path = f"{root.rstrip('/')}/{name}" if name else root
+        files[piece.file] = pq.ParquetFile(filesystem.open_input_file(path))
+    return files[piece.file].read_row_group(piece.group, columns=list(columns))
 
 
 def fixed_size(table: pa.Table) -> pa.Table:
