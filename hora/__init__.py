@@ -7,6 +7,9 @@ step's metrics from any rank to the driver (printed, and to `report_to=`'s `hora
 `@hora.distributed(gpus=N, remote=...)` is Databricks' serverless GPU API (`serverless_gpu`).
 """
 
+import importlib
+from types import ModuleType
+
 from hora import reporters as reporters
 from hora.api import HorovodRunner as HorovodRunner
 from hora.api import Runner as Runner
@@ -21,6 +24,29 @@ from hora.wire.link import log_to_driver as log_to_driver
 from hora.wire.link import report as report
 
 __version__ = "0.1.0"
+
+#: the subpackages a user names as `hora.X` after a plain `import hora` (as `ray.data` or
+#: `torch.distributed`), imported on first use: `import hora` stays free of torch and pyarrow
+_SUBPACKAGES = frozenset(
+    {
+        "data",
+        "engines",
+        "environment",
+        "keras",
+        "spark",
+        "storage",
+        "tensorflow",
+        "timeline",
+        "torch",
+    }
+)
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"hora.{name}")
+    raise AttributeError(f"module 'hora' has no attribute {name!r}")
+
 
 __all__ = [
     "Checkpoint",

@@ -47,3 +47,26 @@ def test_tensorflow_lists_init_ranks_and_process_sets():
 def test_every_listed_name_exists(module):
     package = pytest.importorskip(module)
     assert [name for name in package.__all__ if not hasattr(package, name)] == []
+
+
+def test_import_hora_reaches_its_subpackages_without_importing_torch_or_pyarrow():
+    """`import hora; hora.data.from_spark(...)` works as `import ray; ray.data` does, and a
+    plain `import hora` (a driver, the CLI) pays for neither torch nor pyarrow."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hora\n"
+        "heavy = [m for m in ('torch', 'pyarrow', 'pyspark') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "assert callable(hora.data.from_spark) and callable(hora.data.from_parquet)\n"
+        "assert hora.spark.TorchDistributor and hora.storage.Location\n"
+        "try:\n"
+        "    hora.nothing\n"
+        "except AttributeError as e:\n"
+        "    assert 'nothing' in str(e)\n"
+        "else:\n"
+        "    raise AssertionError('hora.nothing')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr

@@ -20,13 +20,17 @@ from hora.data._loader import DEFAULT_PREFETCH as DEFAULT_PREFETCH
 from hora.data._loader import Loader as Loader
 from hora.data._spark import STORE_CONF as STORE_CONF
 from hora.data._spark import from_spark as from_spark
+from hora.data._workers import MAX_DEFAULT_WORKERS as MAX_DEFAULT_WORKERS
+from hora.data._workers import LoaderWorkerError as LoaderWorkerError
 
 __all__ = [
     "DEFAULT_PREFETCH",
+    "MAX_DEFAULT_WORKERS",
     "STORE_CONF",
     "ColumnError",
     "Dataset",
     "Loader",
+    "LoaderWorkerError",
     "from_parquet",
     "from_spark",
 ]

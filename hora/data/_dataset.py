@@ -36,9 +36,14 @@ class Dataset(Files):
         *,
         rank: int | None = None,
         size: int | None = None,
+        num_workers: int | None = None,
+        pin_memory: bool = False,
+        device: Any = None,
     ) -> Loader:
         """This rank's loader (rank and world size from `hora.environment.current()` unless
-        given): batches as dicts of torch tensors by column; see `hora.data.Loader`."""
+        given): batches as dicts of torch tensors by column, made by `num_workers` processes
+        (None: a number from the host's cores when there is a `transform`, else none; 0: in the
+        training thread); see `hora.data.Loader`."""
         return Loader(
             self,
             batch_size,
@@ -51,6 +56,9 @@ class Dataset(Files):
             pad=pad,
             rank=rank,
             size=size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            device=device,
         )
 
     def tf_dataset(
@@ -67,6 +75,7 @@ class Dataset(Files):
         *,
         rank: int | None = None,
         size: int | None = None,
+        num_workers: int | None = None,
     ) -> Any:
         """This rank's share of one epoch as a `tf.data.Dataset` of dicts of tensors, with the
         loader's sharding and order (call again with the next `epoch` for the next one)."""
@@ -81,6 +90,7 @@ class Dataset(Files):
             pad,
             rank=rank,
             size=size,
+            num_workers=num_workers,
         )
         return tf_dataset(loader, epoch)
 

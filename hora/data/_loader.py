@@ -10,9 +10,11 @@ epoch, and a restart resumes exactly where the commit was made.
 from __future__ import annotations
 
 import importlib
+import itertools
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,8 +22,11 @@ import pyarrow as pa
 
 from hora import environment
 from hora.data import _order
-from hora.data._columns import ARRAY, ColumnError, check_selected, to_numpy
+from hora.data._batch import BatchMaker, Transform
+from hora.data._columns import ARRAY, ColumnError, check_selected
+from hora.data._device import to_device
 from hora.data._reader import Reader
+from hora.data._workers import WorkerPool, default_workers
 
 if TYPE_CHECKING:
     from hora.data._files import Files
@@ -38,6 +43,12 @@ class Loader:
     ended starts the next one, or call `set_epoch(e)`. The batches of a rank are contiguous runs
     of the epoch's order: rows shuffled by row group and within a window of row groups
     (`prefetch // 4` bytes), the same order on every rank for one (seed, epoch).
+
+    `num_workers` processes make the batches (columns to numpy, `transform`) in parallel: the
+    same batches as `num_workers=0` (in the training thread); None picks a number from the
+    host's cores and its ranks when there is a transform, else 0. `pin_memory`/`device` copy
+    each batch to the GPU while the loop trains on the one before. `close()` ends the workers
+    (so does the loader's end, and the rank's).
     """
 
     #: hora.torch.elastic.TorchState commits and syncs a value that says this (its position)
@@ -52,11 +63,14 @@ class Loader:
         seed: int = 0,
         drop_last: bool = False,
         columns: Sequence[str] | None = None,
-        transform: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None,
+        transform: Transform | None = None,
         prefetch: int = DEFAULT_PREFETCH,
         pad: Mapping[str, int] | None = None,
         rank: int | None = None,
         size: int | None = None,
+        num_workers: int | None = None,
+        pin_memory: bool = False,
+        device: Any = None,
     ) -> None:
         for name, value, least in (("batch_size", batch_size, 1), ("prefetch", prefetch, 1 << 16)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -87,6 +101,37 @@ class Loader:
         self._window_bytes = max(1, prefetch // 4)
         self.epoch = 0
         self._remaining: list[_order.Interval] = [(0, self._rows)]
+        if num_workers is None:
+            num_workers = default_workers(transform is not None)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers must be an int >= 0 or None, got {num_workers!r}")
+        self.num_workers = num_workers
+        self.pin_memory, self.device = bool(pin_memory), device
+        self._make = BatchMaker(self._by_name, self.pad, transform)
+        self._pool: WorkerPool | None = None
+
+    # --- the workers
+    def _workers(self) -> WorkerPool | None:
+        """The worker processes, started at the first iteration (before its reader thread:
+        a fork copies no thread, and none of this loader's is then half-way through a read)."""
+        if self.num_workers and self._pool is None:
+            self._pool = WorkerPool(self.num_workers, self._make)
+            weakref.finalize(self, self._pool.close)
+        return self._pool
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """The process ids of the loader's workers (none before its first iteration)."""
+        return self._pool.pids if self._pool is not None else []
+
+    def close(self) -> None:
+        """End the worker processes (the next iteration starts new ones)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pool": None}  # processes stay with the loader that made them
 
     def _check_lengths(self) -> None:
         for name in self.columns:
@@ -177,6 +222,7 @@ class Loader:
             epoch=self.epoch,
             window_bytes=self._window_bytes,
         )
+        pool = self._workers()
         reader = Reader(
             self.dataset,
             self.columns,
@@ -188,18 +234,15 @@ class Loader:
             budget=max(1, self.prefetch // 2),
         )
         try:
-            tables = reader.tables()
-            pending: list[pa.Table] = []
-            held = 0
-            for step, size in enumerate(sizes[self.rank]):
-                while held < size:
-                    table = next(tables)
-                    pending.append(table)
-                    held += table.num_rows
-                batch, pending, held = _cut(pending, size, held)
-                arrays = to_numpy(batch, self._by_name, self.pad)
-                if self.transform is not None:
-                    arrays = dict(self.transform(arrays))
+            raw = _cut_batches(reader.tables(), sizes[self.rank])
+            if pool is None:
+                made: Iterator[dict[str, Any]] = (self._make(table) for table, _ in raw)
+            else:
+                budget = max(1, self.prefetch // 2)
+                made = pool.batches(
+                    raw, budget, lambda used: _row_groups(self.dataset, found, used)
+                )
+            for step, arrays in enumerate(made):
                 self._remaining = _order.left_after(shares, sizes, step + 1)
                 yield arrays
             self._remaining = []  # the epoch is over (rows past drop_last's batches included)
@@ -208,23 +251,61 @@ class Loader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # torch is imported here, not with hora.data (the driver's from_spark needs none), and
-        # while the reader decodes the first window: at a rank's start both take seconds.
+        # while the reader decodes the first window: at a rank's start both take seconds. Not
+        # beside workers: they fork at the first batch, and a fork must not copy an import
+        # half-way through in another thread.
         importing = threading.Thread(
             target=importlib.import_module, args=("torch",), name="hora-data-import-torch"
         )
-        importing.start()
+        if self.num_workers:
+            importing.run()
+        else:
+            importing.start()
         batches = self.numpy_batches()
         try:
             first = next(batches, None)
         finally:
-            importing.join()
+            if importing.is_alive():
+                importing.join()
         import torch
 
         if first is None:
             return
-        yield {name: _tensor(torch, value) for name, value in first.items()}
-        for arrays in batches:
-            yield {name: _tensor(torch, value) for name, value in arrays.items()}
+        tensors: Iterator[dict[str, Any]] = itertools.chain(
+            [{name: _tensor(torch, value) for name, value in first.items()}],
+            ({name: _tensor(torch, value) for name, value in a.items()} for a in batches),
+        )
+        if self.pin_memory or self.device is not None:
+            tensors = to_device(tensors, self.device, self.pin_memory)
+        yield from tensors
+
+
+def _cut_batches(
+    tables: Iterator[tuple[int, pa.Table]], sizes: Sequence[int]
+) -> Iterator[tuple[pa.Table, tuple[int, ...]]]:
+    """The reader's tables cut into batches of `sizes` rows, each with the windows it came from."""
+    pending: list[pa.Table] = []
+    used: list[int] = []
+    held = 0
+    for size in sizes:
+        while held < size:
+            window, table = next(tables)
+            pending.append(table)
+            used.append(window)
+            held += table.num_rows
+        batch, pending, held = _cut(pending, size, held)
+        yield batch, tuple(dict.fromkeys(used))
+        used = used[-1:] if pending else []
+
+
+def _row_groups(dataset: Files, found: Sequence[_order.Window], used: Sequence[int]) -> str:
+    """The row groups of windows `used`, as an error names them."""
+    names = []
+    for w in used:
+        for index in found[w].pieces:
+            piece = dataset.pieces[index]
+            names.append(f"{dataset.files[piece.file] or dataset.uri} row group {piece.group}")
+    return f"{dataset.uri}: " + ", ".join(names)
 
 
 def _cut(pending: list[pa.Table], size: int, held: int) -> tuple[pa.Table, list[pa.Table], int]:

@@ -54,7 +54,8 @@ class Reader:
         self._thread.start()
 
     # the loop's side
-    def tables(self) -> Iterator[pa.Table]:
+    def tables(self) -> Iterator[tuple[int, pa.Table]]:
+        """The rows in order, as (the window they were read from, a table of them)."""
         while True:
             with self._cond:
                 while not self._queue:
@@ -110,7 +111,7 @@ class Reader:
                         part = rows.take(pa.array(order[lo:hi]))
                     else:
                         part = rows.slice(lo, hi - lo)
-                    if not self._put(part, part.get_total_buffer_size()):
+                    if not self._put((w, part), part.get_total_buffer_size()):
                         return
                     position = window.start + hi
             self._put(_END, 0)
