@@ -15,6 +15,7 @@ parent), and a worker that dies fails the rank's next batch with what it was mak
 from __future__ import annotations
 
 import collections
+import contextlib
 import multiprocessing
 import os
 import queue
@@ -22,7 +23,7 @@ import signal
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -92,6 +93,7 @@ class WorkerPool:
         for process in self._processes:
             process.start()
         self._broken: str | None = None
+        self._closed = False
 
     @property
     def pids(self) -> list[int]:
@@ -123,7 +125,7 @@ class WorkerPool:
                 ahead = raw_held + size + (len(pending) + 1) * result_bytes
                 if pending and ahead > budget:
                     break
-                self._inputs[sent % self.count].put((generation, sent, waiting[0]))
+                self._inputs[sent % self.count].put((generation, sent, _compact(waiting[0])))
                 pending.append((sent, waiting[1], size))
                 raw_held += size
                 sent += 1
@@ -148,20 +150,15 @@ class WorkerPool:
         while True:
             try:
                 made, got, payload = outputs.get(timeout=_POLL_SECONDS)
-            except Exception as e:  # nothing yet; or a dead worker's tensor, no longer there
+            except queue.Empty:
                 if process.is_alive():
-                    if isinstance(e, queue.Empty):
-                        continue
+                    continue
+                self._died(worker, step, where(origin))
+            except Exception:  # a dying worker's tensor, no longer there to fetch
+                process.join(timeout=_POLL_SECONDS)
+                if process.is_alive():
                     raise
-                self._broken = (
-                    f"hora.data's loader worker {worker} (pid {process.pid}) died "
-                    f"({_exit_reason(process.exitcode)}) while making batch {step} from "
-                    f"{where(origin)}; the loader's workers are gone (a killed worker is often "
-                    "the kernel's out-of-memory killer: lower num_workers or prefetch, or "
-                    "num_workers=0 to make batches in the training thread)"
-                )
-                self.close()
-                raise LoaderWorkerError(self._broken) from None
+                self._died(worker, step, where(origin))
             if made != generation:
                 continue  # a batch of an iteration that was abandoned
             assert got == step, (got, step)
@@ -173,8 +170,23 @@ class WorkerPool:
             arrays, from_numpy = payload
             return {k: v.numpy() if k in from_numpy else v for k, v in arrays.items()}
 
+    def _died(self, worker: int, step: int, where: str) -> NoReturn:
+        process = self._processes[worker]
+        self._broken = (
+            f"hora.data's loader worker {worker} (pid {process.pid}) died "
+            f"({_exit_reason(process.exitcode)}) while making batch {step} from {where}; the "
+            "loader's workers are gone (a killed worker is often the kernel's out-of-memory "
+            "killer: lower num_workers or prefetch, or num_workers=0 to make batches in the "
+            "training thread)"
+        )
+        self.close()
+        raise LoaderWorkerError(self._broken)
+
     def close(self) -> None:
-        """End the workers (at once where they do not stop within a moment)."""
+        """End the workers (at once where they do not stop within a moment); again: nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._wanted.value = -1
         for inputs, process in zip(self._inputs, self._processes, strict=True):
             if process.is_alive():
@@ -184,9 +196,23 @@ class WorkerPool:
             if process.is_alive():
                 process.kill()
                 process.join()
-        for q in (*self._inputs, *self._outputs):
-            q.cancel_join_thread()
-            q.close()
+        for inputs, process in zip(self._inputs, self._processes, strict=True):
+            if process.exitcode:  # killed with batches unread: the rank reads them itself,
+                with contextlib.suppress(queue.Empty, OSError, EOFError):  # or its feeder
+                    while True:  # thread would wait on a full pipe for ever
+                        inputs.get(timeout=0.2)
+            inputs.close()  # the feeder thread ends once what it holds is in the pipe
+            inputs.join_thread()
+        for outputs in self._outputs:
+            outputs.close()
+
+
+def _compact(table: pa.Table) -> pa.Table:
+    """The table holding only its own rows: a batch is often a slice of a window, and pickling
+    a slice sends every buffer it points into (a window's 60 MB for a 2 MB batch of JPEGs)."""
+    if table.get_total_buffer_size() <= 2 * table.nbytes:
+        return table
+    return table.take(pa.array(np.arange(table.num_rows)))
 
 
 def _exit_reason(code: int | None) -> str:
@@ -241,14 +267,18 @@ def _work(
 
 
 def _shared(torch: Any, value: Any) -> Any:
-    """A numpy array as a tensor in shared memory (copied once, here, into the segment the rank
-    maps); other values (tensors are shared by torch's pickling, lists pickled) as they are."""
+    """A numpy array as a tensor in shared memory (copied once, here, into a segment made for
+    it, which the rank maps); other values (tensors are shared by torch's pickling, lists
+    pickled) as they are."""
     if not isinstance(value, np.ndarray) or value.dtype == object:
         return value
     try:
         dtype = torch.from_numpy(np.empty(0, dtype=value.dtype)).dtype
     except TypeError:  # a dtype torch has no tensor for: pickled as numpy
         return value
-    tensor = torch.empty(value.shape, dtype=dtype).share_memory_()
+    # a new segment written once, as DataLoader's collate does: `empty().share_memory_()`
+    # would fill a private buffer first and copy it over, twice the page faults
+    storage = torch.UntypedStorage._new_shared(max(1, value.nbytes))
+    tensor = torch.empty(0, dtype=dtype).set_(storage, 0, value.shape)
     tensor.numpy()[...] = value
     return tensor
