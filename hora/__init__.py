@@ -8,6 +8,7 @@ step's metrics from any rank to the driver (printed, and to `report_to=`'s `hora
 """
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 from hora import reporters as reporters
@@ -25,25 +26,11 @@ from hora.wire.link import report as report
 
 __version__ = "0.1.0"
 
-#: the subpackages a user names as `hora.X` after a plain `import hora` (as `ray.data` or
-#: `torch.distributed`), imported on first use: `import hora` stays free of torch and pyarrow
-_SUBPACKAGES = frozenset(
-    {
-        "data",
-        "engines",
-        "environment",
-        "keras",
-        "spark",
-        "storage",
-        "tensorflow",
-        "timeline",
-        "torch",
-    }
-)
-
 
 def __getattr__(name: str) -> ModuleType:
-    if name in _SUBPACKAGES:
+    """`hora.data`, `hora.spark`, ... after a plain `import hora` (as `ray.data` or
+    `torch.distributed`), imported on first use: `import hora` stays free of torch and pyarrow."""
+    if not name.startswith("_") and importlib.util.find_spec(f"hora.{name}") is not None:
         return importlib.import_module(f"hora.{name}")
     raise AttributeError(f"module 'hora' has no attribute {name!r}")
 
