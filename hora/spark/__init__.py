@@ -4,9 +4,9 @@
 TorchDistributor`; `DeepspeedTorchDistributor` replaces pyspark's DeepSpeed door;
 `MirroredStrategyRunner` replaces spark-tensorflow-distributor's (TensorFlow is imported only
 inside the ranks); `TorchEstimator`/`TorchModel` replace Horovod's Spark estimator;
-`make_spark_converter`/`SparkDatasetConverter` replace Petastorm's (`petastorm.spark`), on
-hora.data. Same arguments and meanings, on hora's engines. The Spark engine itself is
-`hora.engines.spark`.
+`make_spark_converter`/`SparkDatasetConverter`/`TransformSpec` replace Petastorm's
+(`petastorm.spark`, `petastorm.TransformSpec`), on hora.data. Same arguments and meanings, on
+hora's engines. The Spark engine itself is `hora.engines.spark`.
 """
 
 from typing import Any
@@ -22,6 +22,7 @@ __all__ = [
     "TorchDistributor",
     "TorchEstimator",
     "TorchModel",
+    "TransformSpec",
     "make_spark_converter",
 ]
 
@@ -33,7 +34,7 @@ def __getattr__(name: str) -> Any:
         from hora.spark import estimator
 
         return getattr(estimator, name)
-    if name in ("SparkDatasetConverter", "make_spark_converter"):
+    if name in ("SparkDatasetConverter", "TransformSpec", "make_spark_converter"):
         from hora.spark import _petastorm
 
         return getattr(_petastorm, name)

@@ -1,12 +1,14 @@
 """Petastorm's Spark converter on hora.data: change the import, keep the rest.
 
-`from hora.spark import SparkDatasetConverter, make_spark_converter` replaces `from
-petastorm.spark import ...` (Petastorm 0.13.1 no longer imports against pyarrow >= 15 and needs
-a classic SparkContext). `make_spark_converter(df)` writes the DataFrame once as Parquet under
-the Spark conf `petastorm.spark.converter.parentCacheDirUrl`, through `hora.data.from_spark`
-(a classic or Connect session), and returns a picklable converter to capture in the training
-function; its `make_torch_dataloader(...)` and `make_tf_dataset(...)` take Petastorm's arguments.
-docs/data.md ("Petastorm's converter") lists what differs.
+`from hora.spark import SparkDatasetConverter, make_spark_converter, TransformSpec` replaces
+`from petastorm.spark import ...` and `from petastorm import TransformSpec` (Petastorm 0.13.1
+no longer imports against pyarrow >= 15 and needs a classic SparkContext).
+`make_spark_converter(df)` writes the DataFrame once as Parquet under the Spark conf
+`petastorm.spark.converter.parentCacheDirUrl`, through `hora.data.from_spark` (a classic or
+Connect session), and returns a picklable converter to capture in the training function; its
+`make_torch_dataloader(...)` and `make_tf_dataset(...)` take Petastorm's arguments
+(`transform_spec` runs in the loader's workers, `workers_count` of them). docs/petastorm.md
+lists what differs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from hora.data import Dataset, from_parquet, from_spark
 from hora.spark._petastorm_read import TFDatasetContext, TorchLoaderContext, read_spec
+from hora.spark._petastorm_transform import TransformSpec as TransformSpec
 
 logger = logging.getLogger("hora.spark.petastorm")
 
@@ -62,11 +65,14 @@ class SparkDatasetConverter:
         `num_epochs=None` repeats forever; batches run across the ends of epochs. Shard with
         `cur_shard=hvd.rank(), shard_count=hvd.size()` (without them every process reads all
         rows). Rows are shuffled unless `shuffle_row_groups=False` (see docs/data.md).
+        `transform_spec=TransformSpec(func, edit_fields, ...)` maps each batch as a pandas
+        DataFrame in `workers_count` worker processes (None: a number from the host's cores).
         """
         spec = read_spec(
             self.dataset,
             batch_size,
             num_epochs,
+            workers_count,
             shuffling_queue_capacity,
             {**petastorm_reader_kwargs, "data_loader_fn": data_loader_fn},
         )
@@ -84,7 +90,12 @@ class SparkDatasetConverter:
         """A context manager giving a `tf.data.Dataset` of named tuples of batched tensors
         (`batch_size` None means 32, `prefetch` None means AUTOTUNE; the rest as for torch)."""
         spec = read_spec(
-            self.dataset, batch_size, num_epochs, shuffling_queue_capacity, petastorm_reader_kwargs
+            self.dataset,
+            batch_size,
+            num_epochs,
+            workers_count,
+            shuffling_queue_capacity,
+            petastorm_reader_kwargs,
         )
         return TFDatasetContext(self.dataset, spec, prefetch)
 

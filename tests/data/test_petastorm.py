@@ -2,7 +2,8 @@
 
 The first tests hold `make_spark_converter` and its loaders to Petastorm's contract (each row
 once per epoch across the shards, batches across the ends of epochs, the cache directory's conf,
-`delete`, the refusals). The last one runs Databricks' Petastorm + HorovodRunner example shape
+`delete`, the refusals; transform_spec and workers_count: test_petastorm_transform.py and
+test_petastorm_flowers.py). The last one runs Databricks' Petastorm + HorovodRunner example shape
 with only the imports swapped, and trains digits to the accuracy `hora.data.from_spark` reaches.
 """
 
@@ -106,7 +107,9 @@ def test_a_path_converts_without_writing(converter):
     [
         ({"cur_shard": 0}, "give both"),
         ({"cur_shard": 2, "shard_count": 2}, "cur_shard must be"),
-        ({"transform_spec": object()}, "transform_spec is Petastorm's"),
+        ({"transform_spec": object()}, "transform_spec must be a TransformSpec"),
+        ({"workers_count": -1}, "workers_count must be"),
+        ({"predicate": object()}, "predicate is Petastorm's"),
         ({"data_loader_fn": object()}, "data_loader_fn is Petastorm's"),
         ({"num_epochs": 0}, "num_epochs must be"),
         ({"schema_fields": ["nothing"]}, "match none"),
