@@ -42,9 +42,12 @@ def ids_by_horovod_runner(dataset: Any, batch_size: int, shuffle: bool) -> list[
     return [i for part in hvd.allgather_object(ids) for i in part]
 
 
-def elastic_ids(dataset: Any, folder: str, epochs: int, batch_size: int) -> int:
+def elastic_ids(
+    dataset: Any, folder: str, epochs: int, batch_size: int, num_workers: int = 0
+) -> int:
     """hvd.elastic with the loader in TorchState: each step's ids logged with its commit, so a
-    test keeps the steps the final state contains. Paced, so that the run grows mid-epoch."""
+    test keeps the steps the final state contains. Paced, so that the run grows mid-epoch.
+    With `num_workers`, the loader's workers make the batches."""
     import json
     import os
     import time
@@ -61,7 +64,7 @@ def elastic_ids(dataset: Any, folder: str, epochs: int, batch_size: int) -> int:
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(net.parameters(), lr=0.01), named_parameters=net.named_parameters()
     )
-    loader = dataset.loader(batch_size, shuffle=True, columns=["id", "x"])
+    loader = dataset.loader(batch_size, shuffle=True, columns=["id", "x"], num_workers=num_workers)
     state = hvd.elastic.TorchState(net, opt, loader=loader, epoch=0)
     log = Path(folder, f"log-{attempt}-{rank}.jsonl")
 

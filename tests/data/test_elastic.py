@@ -1,5 +1,6 @@
 """An elastic run on the local engine that grows from 1 to 2 ranks mid-epoch, with the loader's
-position in TorchState: every row is trained once per epoch across the resize."""
+position in TorchState and its batches made by a worker process: every row is trained once per
+epoch across the resize."""
 
 from __future__ import annotations
 
@@ -22,7 +23,12 @@ def test_a_run_resized_mid_epoch_trains_each_row_once_per_epoch(tmp_path, monkey
     folder = tmp_path / "logs"
     folder.mkdir()
     worlds = hora.run(
-        _jobs.elastic_ids, (dataset, str(folder), 2, 16), np=1, min_np=1, max_np=2, timeout=240
+        _jobs.elastic_ids,
+        (dataset, str(folder), 2, 16, 1),
+        np=1,
+        min_np=1,
+        max_np=2,
+        timeout=240,
     )
     assert worlds == [2, 2]
     attempts: dict[int, list[list[dict]]] = {}
