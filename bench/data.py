@@ -1,22 +1,26 @@
 """hora.data against Mosaic Streaming (and Petastorm where it imports): one DataFrame, one launcher.
 
 One DataFrame (`--rows` rows: an id, `--features` float features as one array column, a label),
-written once as Parquet by Spark before any clock starts and read back as `df`. For each
-contender the clock starts on the driver at `df`:
+written once as Parquet by Spark before any clock starts and read back as `df` (and the same
+rows written once as a Delta table with `deltalake`). For each contender the clock starts on the
+driver at `df` (or the table):
 
-- hora: `hora.data.from_spark(df)`, then in each rank `dataset.loader(batch_size)`;
+- hora: `hora.data.from_spark(df)` (a plain Parquet scan: read in place, nothing written), then
+  in each rank `dataset.loader(batch_size)`, shuffled;
+- hora-order: the same, in file order (the shuffle's cost: hora against hora-order);
+- hora-delta: `hora.data.from_delta(table)`, then the same loader;
 - Mosaic Streaming: `dataframe_to_mds(df, mds_kwargs={"out": ..., "columns": ...})`, then in
   each rank `StreamingDataset(local=out, shuffle=True)` + `StreamingDataLoader`;
 - Petastorm (only where `petastorm.spark` imports: pyarrow < 15, see bench/README.md):
   `make_spark_converter(df)`, then `make_torch_dataloader(cur_shard=rank, shard_count=size,
   num_epochs=1)`.
 
-Each is launched by the same `hora.run(np=2, backend="local")`; each rank reads one shuffled epoch
-into a loop that does nothing and reports when its first batch came, when its epoch ended, its
-rows and its peak RSS. Printed per contender: conversion, df -> every rank in the training
-function (the launch), df -> first batch in every rank, end to end (conversion + one epoch),
-steady rows/s per rank (after the first batch), peak RSS per rank; then the ratios against hora.
-Caches are new each run (no fingerprint reuse).
+Each is launched by the same `hora.run(np=2, backend="local")`; each rank reads one epoch into a
+loop that does nothing and reports when its first batch came, when its epoch ended, its rows and
+its peak RSS. Printed per contender: conversion, df -> every rank in the training function (the
+launch), df -> first batch in every rank, end to end (conversion + one epoch), steady rows/s per
+rank (after the first batch), peak RSS per rank; then the ratios against hora, the conversion's
+share of hora's end to end, and the shuffle's cost. Caches are new each run (no reuse).
 
     .venv/bin/python bench/data.py                  # 100,000 rows x 256 features (~100 MB)
     .venv/bin/python bench/data.py --full           # 4,000,000 rows x 300 features (~4.8 GB)
@@ -93,6 +97,12 @@ def convert_hora(df, folder: str, features: int):
     return hora.data.from_spark(df, cache=False, store=folder)
 
 
+def convert_delta(df, folder: str, features: int):
+    import hora.data
+
+    return hora.data.from_delta(DELTA[0])
+
+
 def convert_mosaic(df, folder: str, features: int):
     from streaming.base.converters import dataframe_to_mds
 
@@ -109,7 +119,23 @@ def convert_petastorm(df, folder: str, features: int):
     return make_spark_converter(df)
 
 
-CONVERT = {"hora": convert_hora, "mosaic": convert_mosaic, "petastorm": convert_petastorm}
+CONVERT = {
+    "hora": convert_hora,
+    "hora-order": convert_hora,
+    "hora-delta": convert_delta,
+    "mosaic": convert_mosaic,
+    "petastorm": convert_petastorm,
+}
+DELTA: list[str] = []  # the Delta table of the source rows, written before any clock starts
+
+
+def delta_table(source: str, folder: str) -> str:
+    """The source Parquet's rows as a Delta table, written by delta-rs (no Spark)."""
+    import pyarrow.dataset as ds
+    from deltalake import write_deltalake
+
+    write_deltalake(folder, ds.dataset(source, format="parquet").to_table())
+    return folder
 
 
 # ----- in each rank --------------------------------------------------------------------------
@@ -118,8 +144,8 @@ CONVERT = {"hora": convert_hora, "mosaic": convert_mosaic, "petastorm": convert_
 def batches(kind: str, handle, batch: int, workers: int):
     """This rank's batches of one shuffled epoch, from each contender's own reader."""
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if kind == "hora":
-        yield from handle.loader(batch_size=batch, shuffle=True, seed=0)
+    if kind.startswith("hora"):
+        yield from handle.loader(batch_size=batch, shuffle=kind != "hora-order", seed=0)
     elif kind == "mosaic":
         from streaming import StreamingDataLoader, StreamingDataset
 
@@ -192,7 +218,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--mosaic-workers", type=int, default=0, help="StreamingDataLoader's")
-    parser.add_argument("--contenders", default="hora,mosaic")
+    parser.add_argument("--contenders", default="hora,hora-order,hora-delta,mosaic")
     parser.add_argument("--memory", default="3g", help="the Spark driver's memory")
     args = parser.parse_args()
     if args.full:
@@ -203,6 +229,8 @@ def main() -> None:
         spark = spark_session(args.memory)
         t = time.time()
         df = source_frame(spark, args.rows, args.features, os.path.join(root, "source"))
+        if "hora-delta" in kinds:
+            DELTA.append(delta_table(os.path.join(root, "source"), os.path.join(root, "delta")))
         written = time.time() - t
         print(
             f"{args.rows:,} rows x {args.features} features, batch {args.batch}, {NP} ranks; "
@@ -215,7 +243,7 @@ def main() -> None:
                     kind, df, args.rows, args.features, args.batch, args.mosaic_workers, root
                 )
                 found[kind].append(result)
-                print(f"  round {round_} {kind:9s} " + describe(result), flush=True)
+                print(f"  round {round_} {kind:10s} " + describe(result), flush=True)
         report(found, kinds)
         spark.stop()
     finally:
@@ -237,20 +265,25 @@ def report(found: dict[str, list[dict]], kinds: list[str]) -> None:
     }
     print("medians:")
     for kind in kinds:
-        print(f"  {kind:9s} " + describe(median[kind]))
-    if "hora" not in median:
-        return
-    hora = median["hora"]
-    for kind in kinds:
-        if kind == "hora":
-            continue
-        other = median[kind]
-        print(
-            f"hora vs {kind}: end to end {other['end_to_end'] / hora['end_to_end']:.2f}x "
-            f"(goal >= 2x), first batch {other['first'] / hora['first']:.2f}x, "
-            f"steady rows/s {hora['steady'] / other['steady']:.2f}x (goal >= 1x), "
-            f"peak RSS hora / {kind} {hora['rss'] / other['rss']:.2f}"
-        )
+        print(f"  {kind:10s} " + describe(median[kind]))
+    ours = [k for k in kinds if k.startswith("hora") and k != "hora-order"]
+    for mine in ours:
+        hora = median[mine]
+        share = hora["convert"] / hora["end_to_end"]
+        print(f"{mine}: conversion {share:.1%} of the end to end (goal <= 5%)")
+        for kind in kinds:
+            if kind.startswith("hora"):
+                continue
+            other = median[kind]
+            print(
+                f"{mine} vs {kind}: end to end {other['end_to_end'] / hora['end_to_end']:.2f}x "
+                f"(goal >= 5x), first batch {other['first'] / hora['first']:.2f}x, "
+                f"steady rows/s {hora['steady'] / other['steady']:.2f}x (goal >= 1x), "
+                f"peak RSS {mine} / {kind} {hora['rss'] / other['rss']:.2f}"
+            )
+    if "hora" in median and "hora-order" in median:
+        cost = median["hora"]["steady"] / median["hora-order"]["steady"]
+        print(f"shuffled / file-order steady rows/s: {cost:.2f} (goal >= 0.8)")
 
 
 if __name__ == "__main__":

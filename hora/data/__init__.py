@@ -1,8 +1,10 @@
-"""hora.data: Spark DataFrames (or Parquet) into every door's training function, streamed,
-sharded over the ranks, resumable mid-epoch and resharded when an elastic job changes size.
+"""hora.data: Spark DataFrames (or Parquet, or Delta tables) into every door's training function,
+streamed, sharded over the ranks, resumable mid-epoch and resharded when an elastic job changes
+size.
 
 ```python
-dataset = hora.data.from_spark(df)              # on the driver: Parquet, written once
+dataset = hora.data.from_spark(df)              # on the driver: Parquet, written once (or
+                                                # read in place: a plain scan of Parquet)
 def train():
     loader = dataset.loader(batch_size=64)      # in each rank: this rank's share
     for epoch in range(3):
@@ -16,6 +18,7 @@ See docs/data.md for the guarantees (each row once per epoch, resume, resize) an
 from hora.data._columns import ColumnError as ColumnError
 from hora.data._dataset import Dataset as Dataset
 from hora.data._dataset import from_parquet as from_parquet
+from hora.data._delta import from_delta as from_delta
 from hora.data._loader import DEFAULT_PREFETCH as DEFAULT_PREFETCH
 from hora.data._loader import Loader as Loader
 from hora.data._spark import STORE_CONF as STORE_CONF
@@ -31,6 +34,7 @@ __all__ = [
     "Dataset",
     "Loader",
     "LoaderWorkerError",
+    "from_delta",
     "from_parquet",
     "from_spark",
 ]

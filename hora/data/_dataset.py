@@ -19,8 +19,9 @@ from hora.storage import Location
 class Dataset(Files):
     """Parquet files under `uri` (a path or any URI pyarrow opens), as the loader reads them.
 
-    Build one with `hora.data.from_spark(df)` on the driver or `hora.data.from_parquet(path)`;
-    capture it in the training function and call `loader()` in each rank.
+    Build one with `hora.data.from_spark(df)` on the driver, `hora.data.from_parquet(path)` or
+    `hora.data.from_delta(table)`; capture it in the training function and call `loader()` in
+    each rank.
     """
 
     def loader(

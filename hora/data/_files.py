@@ -3,27 +3,71 @@ The loader and its reader read these fields; `Dataset` adds the calls that build
 
 from __future__ import annotations
 
+import builtins
+import logging
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from hora.data._columns import Column
 from hora.storage import Location
 
+#: how a Dataset's files came to be (`Files.origin`): hora wrote them (from_spark's copy), or
+#: it reads files it does not own (a plain scan's own Parquet, Parquet given by path, a Delta
+#: table); `delete()` removes only what hora wrote or was given as Parquet to manage.
+WRITTEN, IN_PLACE, PARQUET, DELTA = "written", "in place", "parquet", "delta"
+
+log = logging.getLogger("hora.data")
+
 
 @dataclass(frozen=True)
 class Piece:
-    """One Parquet row group: which file, which group, how many rows and (decoded) bytes."""
+    """One Parquet row group: which file, which group, how many rows and (decoded) bytes.
+
+    `rows` counts the live rows only: where a Delta deletion vector removes rows of the group,
+    `deleted` holds them (see `pack_deleted`) and the reader drops them, so that the epoch's
+    order (pure arithmetic on `rows`) never gives out a deleted row.
+    """
 
     file: int
     group: int
     rows: int
     bytes: int
+    deleted: builtins.bytes = b""  # `bytes` above is a field
+
+    def kept(self, rows: int) -> np.ndarray:
+        """Which of the group's `rows` rows (as stored) are live: a boolean mask."""
+        return kept_rows(self.deleted, rows)
+
+
+def pack_deleted(mask: np.ndarray) -> bytes:
+    """A row group's deleted rows (a boolean mask over all its rows) as a few bytes: one bit
+    a row, deflated. A run of deleted rows shrinks to almost nothing and a scattered million
+    to about a bit each, where ranges or row numbers would grow with every hole: the Dataset
+    is pickled into every rank."""
+    if not mask.any():
+        return b""
+    return zlib.compress(np.packbits(mask, bitorder="little").tobytes(), 6)
+
+
+def kept_rows(deleted: bytes, rows: int) -> np.ndarray:
+    """The mask of the rows to keep of a row group of `rows` rows (all when `deleted` is empty)."""
+    if not deleted:
+        return np.ones(rows, dtype=bool)
+    bits = np.frombuffer(zlib.decompress(deleted), dtype=np.uint8)
+    return ~np.unpackbits(bits, count=rows, bitorder="little").astype(bool)
 
 
 @dataclass(frozen=True)
 class Files:
     """Parquet files under `uri` (a path or any URI pyarrow opens), described by their footers:
-    what the loader and its reader need of a `Dataset`, below them both."""
+    what the loader and its reader need of a `Dataset`, below them both.
+
+    `renamed` maps a dataset column to the files' column where the names differ (a plain scan's
+    `alias`, a Delta table's physical names); `origin` says where the files came from.
+    """
 
     uri: str
     files: tuple[str, ...]  # relative to uri
@@ -31,6 +75,8 @@ class Files:
     columns: tuple[Column, ...]
     fingerprint: str = ""
     pad: Mapping[str, int] = field(default_factory=dict)
+    renamed: Mapping[str, str] = field(default_factory=dict)
+    origin: str = PARQUET
 
     @property
     def rows(self) -> int:
@@ -44,7 +90,15 @@ class Files:
         return Location.parse(self.uri, "dataset")
 
     def delete(self) -> None:
-        """Remove the dataset's files (its whole directory, or its one file) from the store."""
+        """Remove the dataset's files (its whole directory, or its one file) from the store.
+
+        Files read in place (a DataFrame's own Parquet, a Delta table) are not hora's to remove:
+        nothing is deleted then."""
+        if self.origin in (IN_PLACE, DELTA):
+            log.info(
+                "%s is read in place (%s): its files are left as they are", self.uri, self.origin
+            )
+            return
         location = self.location
         filesystem, root = location.arrow()
         if self.files == ("",):

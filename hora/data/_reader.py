@@ -129,15 +129,30 @@ class Reader:
 def read_piece(
     dataset: Files, index: int, columns: Sequence[str], files: dict[int, Any]
 ) -> pa.Table:
-    """Piece `index` of `dataset` (one row group) with `columns`, its `rows` rows in file order;
-    `files` keeps the Parquet files opened so far, by file index (the caller closes them)."""
+    """Piece `index` of `dataset` (one row group) with `columns`, its `rows` live rows in file
+    order; `files` keeps the Parquet files opened so far, by file index (the caller closes them).
+
+    Columns are read by the files' names (`dataset.renamed`) and handed over by the dataset's;
+    rows a deletion vector removed (`piece.deleted`) are dropped here, the one place that reads."""
     piece = dataset.pieces[index]
     if piece.file not in files:
         filesystem, root = dataset.location.arrow()
         name = dataset.files[piece.file]
         path = f"{root.rstrip('/')}/{name}" if name else root
         files[piece.file] = pq.ParquetFile(filesystem.open_input_file(path))
-    return files[piece.file].read_row_group(piece.group, columns=list(columns))
+    names = [dataset.renamed.get(c, c) for c in columns]
+    table = files[piece.file].read_row_group(piece.group, columns=list(dict.fromkeys(names)))
+    if piece.deleted:
+        table = table.filter(pa.array(piece.kept(table.num_rows)))
+    if table.num_rows != piece.rows:
+        raise ValueError(
+            f"{dataset.uri}/{dataset.files[piece.file]}: row group {piece.group} holds "
+            f"{table.num_rows} live rows where the dataset counted {piece.rows}: the file changed "
+            "after the dataset was described; build the dataset again"
+        )
+    if dataset.renamed:
+        table = pa.table([table.column(n) for n in names], names=list(columns))
+    return table
 
 
 def fixed_size(table: pa.Table) -> pa.Table:

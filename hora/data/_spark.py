@@ -1,5 +1,6 @@
 """`from_spark`: a DataFrame written once as Parquet through Spark's own writer, on the driver of
-a classic or Connect session, checked before any rank starts, and found again by its content.
+a classic or Connect session, checked before any rank starts, and found again by its content;
+or, when the DataFrame is a plain scan of Parquet files, those files read in place (`_in_place`).
 
 One Spark job writes the DataFrame and, in the same pass (`DataFrame.observe`), counts its facts:
 rows, a content hash (when caching), non-null values per column, the shortest and longest array
@@ -17,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import tempfile
 import uuid
 from collections.abc import Mapping
@@ -27,6 +29,9 @@ import pyarrow as pa
 
 from hora.data._columns import ARRAY, BYTES, Column, describe
 from hora.data._dataset import Dataset, parquet_files, read_footers
+from hora.data._files import WRITTEN
+from hora.data._in_place import read_in_place
+from hora.data._scan import plain_scan
 from hora.storage import Location
 
 _FORMAT = 2  # bump when what is written changes (2: written once, found by a marker)
@@ -185,20 +190,31 @@ def from_spark(
     store: str | os.PathLike[str] | None = None,
     pad: Mapping[str, int] | None = None,
     row_group_bytes: int = DEFAULT_ROW_GROUP_BYTES,
+    copy: bool | None = None,
 ) -> Dataset:
     """Write `df` once as Parquet and return a small picklable `hora.data.Dataset` to capture in
-    the training function (call its `loader()` in each rank).
+    the training function (call its `loader()` in each rank); or, when `df` is a plain scan of
+    Parquet files, read those files in place.
 
-    Where: `path` exactly (written again each call), else under `store` (or the Spark conf
-    `hora.data.store`; a temp directory on a local master) at `data/<fresh name>/`; with `cache`
-    the same content written before with the same settings is found again by its fingerprint
-    and this write is dropped (`cache=False`: no fingerprint, a fresh directory kept). Columns
-    must be numbers, arrays of numbers of one length (or `pad`ded: column -> length, zeros
-    after), or text/bytes for a loader's `transform`; no nulls outside text. On a refusal what
-    was written is removed.
+    `copy`: None (the default) reads a plain scan in place, no Spark job and nothing written
+    (`spark.read.parquet(...)` or `spark.table(...)` of Parquet, columns selected or renamed),
+    and writes anything else; True always writes; False never writes (refused when `df` is not
+    a plain scan). `dataset.origin` says which ("in place" or "written"), and the logger
+    `hora.data` says why at INFO. `path=` asks for a copy there.
+
+    Where a copy goes: `path` exactly (written again each call), else under `store` (or the
+    Spark conf `hora.data.store`; a temp directory on a local master) at `data/<fresh name>/`;
+    with `cache` the same content written before with the same settings is found again by its
+    fingerprint and this write is dropped (`cache=False`: no fingerprint, a fresh directory
+    kept). Columns must be numbers, arrays of numbers of one length (or `pad`ded: column ->
+    length, zeros after), or text/bytes for a loader's `transform`; no nulls outside text. On a
+    refusal what was written is removed.
     """
     pad = dict(pad or {})
     columns = check_schema(df.schema)
+    found = _in_place(df, columns, pad, path, copy)
+    if found is not None:
+        return found
     use_cache = cache and path is None
     if path is not None:
         target, data = Location.parse(path, "path"), None
@@ -256,7 +272,7 @@ def _described(
             "not see; give a store= (or path=) that is one place for the driver, every executor "
             "and every rank (a shared mount, or a URI such as hdfs:// or s3://)"
         )
-    return replace(found, columns=tuple(columns))
+    return replace(found, columns=tuple(columns), origin=WRITTEN)
 
 
 def _fingerprint(
@@ -271,3 +287,39 @@ def _fingerprint(
         "row_group_bytes": row_group_bytes,
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _in_place(
+    df: Any, columns: list[Column], pad: dict[str, int], path: Any, copy: bool | None
+) -> Dataset | None:
+    """The Dataset over the DataFrame's own Parquet files when it is a plain scan; None when it
+    is to be written (logged with the reason); a ValueError where `copy=False` cannot be kept."""
+    if copy is True:
+        reason = "copy=True asks for one"
+    elif path is not None:
+        if copy is False:
+            raise ValueError(f"path={str(path)!r} asks for a copy there, and copy=False for none")
+        reason = "path= asks for a copy there"
+    else:
+        scan = plain_scan(df)
+        found = scan if isinstance(scan, str) else read_in_place(scan, columns, pad)
+        if isinstance(found, Dataset):
+            _say(
+                f"hora: from_spark reads the DataFrame's {len(found.files)} Parquet files under "
+                f"{found.uri} in place (a plain scan: no Spark job, nothing written)"
+            )
+            return found
+        reason = found
+    if copy is False:
+        raise ValueError(
+            f"from_spark(copy=False): the DataFrame cannot be read in place: {reason}. Read only "
+            "Parquet files, selecting or renaming columns (no filters, joins, casts or UDFs), "
+            "or let from_spark write it (copy=None or True)"
+        )
+    _say(f"hora: from_spark writes the DataFrame as Parquet: {reason}")
+    return None
+
+
+def _say(text: str) -> None:
+    """What the driver tells its user, on stderr as hora's driver says everything."""
+    print(text, file=sys.stderr, flush=True)

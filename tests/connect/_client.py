@@ -231,6 +231,35 @@ def data_from_spark() -> Any:
 
 
 @check
+def data_in_place() -> Any:
+    """hora.data on a Connect session: a plain scan of Parquet files (columns renamed) is read in
+    place, nothing under the store; a filtered one is written."""
+    from pyspark.sql import functions as F
+
+    import hora.data
+    from tests.data._parquet import write_ids
+
+    found = active_session()
+    assert found is not None
+    with tempfile.TemporaryDirectory() as folder:
+        write_ids(Path(folder, "files"))  # 600 rows
+        store = Path(folder, "store")
+        df = found.spark.read.parquet(str(Path(folder, "files")))
+        dataset = hora.data.from_spark(df.select(F.col("x").alias("features"), "id"), store=store)
+        written = store.exists()
+        loader = dataset.loader(64, shuffle=True, rank=0, size=1)
+        ids = sorted(i for batch in loader for i in batch["id"].tolist())
+        filtered = hora.data.from_spark(df.filter("id < 100"), store=store)
+    return {
+        "origin": dataset.origin,
+        "renamed": dict(dataset.renamed),
+        "store_written": written,
+        "every_id_once": ids == list(range(600)),
+        "filtered": [filtered.origin, len(filtered)],
+    }
+
+
+@check
 def no_pyarrow() -> Any:
     hora.run(_workers.rank_times, (1,), np=2, backend="spark")
 

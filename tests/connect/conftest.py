@@ -148,7 +148,7 @@ DOOR_CHECKS = [
 ]
 if importlib.util.find_spec("tensorflow") is not None:  # MirroredStrategyRunner's ranks need it
     DOOR_CHECKS.append("mirrored")
-DOOR_CHECKS.append("data_from_spark")
+DOOR_CHECKS += ["data_from_spark", "data_in_place"]
 
 
 @pytest.fixture(scope="package")

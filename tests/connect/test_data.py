@@ -1,6 +1,7 @@
 """hora.data.from_spark on both kinds of Connect session (see test_doors.py): the DataFrame is
-written once and found again, and every row reaches exactly one Spark rank once per epoch. The
-check runs in test_doors.py's client process (`doors_client`), after the doors' checks."""
+written once and found again, and every row reaches exactly one Spark rank once per epoch; a
+plain scan of Parquet is read in place, from the client's own plan. The checks run in
+test_doors.py's client process (`doors_client`), after the doors' checks."""
 
 from __future__ import annotations
 
@@ -22,3 +23,11 @@ def test_from_spark_on_connect_gives_each_row_once_per_epoch(doors_client):
         ids = list(itertools.chain(*(rank[epoch] for rank in found["ids"])))
         assert sorted(ids) == list(range(300)), epoch
     assert "is a map" in found["refused"], found["refused"]
+
+
+def test_a_plain_scan_on_connect_is_read_in_place(doors_client):
+    found = doors_client.value("data_in_place")
+    assert found["origin"] == "in place" and not found["store_written"], found
+    assert found["renamed"] == {"features": "x"}
+    assert found["every_id_once"] is True
+    assert found["filtered"] == ["written", 100]
