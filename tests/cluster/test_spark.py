@@ -230,6 +230,62 @@ def test_data_from_spark_refuses_a_store_the_driver_does_not_see(spark_cluster, 
         shutil.rmtree(store, ignore_errors=True)
 
 
+DELTA_ROWS = 200  # per file: ids 0..199 in the first, 200..399 in the second
+
+
+def test_data_from_delta_trains_only_live_rows_across_hosts(spark_cluster, tmp_path):
+    """hora.data.from_delta on the cluster, a table in a folder every host sees: v0 and v1 write
+    a file each (row groups of 64), v2 deletes rows of both with deletion vectors (one inline,
+    one in a file of its own), v3 overwrites. One job over 4 ranks on the 2 hosts reads the
+    latest version and v2: each live row reaches exactly one rank once per epoch, a deleted row
+    never does."""
+    deltalake = pytest.importorskip("deltalake", reason="deltalake is not installed")
+    import pyarrow as pa
+
+    import hora.data
+    from tests.data import _delta_log
+    from tests.data import _jobs as _data_jobs
+
+    def ids(start: int, rows: int) -> pa.Table:
+        x = pa.array([[float(i), 1.0] for i in range(start, start + rows)], pa.list_(pa.float32()))
+        return pa.table({"id": list(range(start, start + rows)), "x": x})
+
+    table = tmp_path / "table"
+    small_groups = deltalake.WriterProperties(max_row_group_size=64)
+    deltalake.write_deltalake(str(table), ids(0, DELTA_ROWS), writer_properties=small_groups)
+    (first,) = _delta_log.live_adds(table)
+    deltalake.write_deltalake(
+        str(table), ids(DELTA_ROWS, DELTA_ROWS), mode="append", writer_properties=small_groups
+    )
+    (second,) = set(_delta_log.live_adds(table)) - {first}
+    gone_first = [*range(10), 63, 64, *range(128, 192), 199]  # a group boundary, a whole group
+    gone_second = list(range(0, DELTA_ROWS, 7))
+    deleted_at = _delta_log.delete_rows(
+        table, {first: gone_first, second: gone_second}, {first: True, second: False}
+    )
+    deleted = set(gone_first) | {DELTA_ROWS + i for i in gone_second}
+    live = [i for i in range(2 * DELTA_ROWS) if i not in deleted]
+    read = deltalake.DeltaTable(str(table), version=deleted_at).scan(columns=["id"])
+    assert sorted(pa.table(read).column("id").to_pylist()) == live  # deltalake's own reader
+    deltalake.write_deltalake(str(table), ids(1000, 100), mode="overwrite")
+    newest = list(range(1000, 1100))
+
+    latest = hora.data.from_delta(table)
+    older = hora.data.from_delta(table, version=deleted_at)
+    assert (len(latest), len(older)) == (len(newest), len(live))
+    with timed(f"spark: hora.data.from_delta, latest and with deletion vectors (np={NP})"):
+        seen = hora.run(_data_jobs.ids_of_each, ([latest, older], 8, 2), np=NP, backend="spark")
+    hosts = [s["host"] for s in seen]
+    assert sorted(hosts.count(h) for h in set(hosts)) == [CORES] * HOSTS, hosts
+    assert sorted(s["rank"] for s in seen) == list(range(NP))
+    assert [s["size"] for s in seen] == [NP] * NP
+    for index, want in enumerate((newest, live)):
+        for epoch in range(2):
+            got = [i for s in seen for i in s["each"][index][epoch]]
+            assert not deleted & set(got), (index, epoch, sorted(deleted & set(got)))
+            assert sorted(got) == want, (index, epoch)
+
+
 ZERO2 = {
     "train_micro_batch_size_per_gpu": 8,
     "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},  # nothing to build

@@ -31,6 +31,15 @@ def ids_each_way(dataset: Any, batch_size: int, epochs: int) -> dict[str, Any]:
     return {**shuffled, "ordered": ordered, "host": socket.gethostname()}
 
 
+def ids_of_each(datasets: list[Any], batch_size: int, epochs: int) -> dict[str, Any]:
+    """`epochs` shuffled epochs of ids of each dataset in turn (one job for several), with this
+    rank's host."""
+    import socket
+
+    seen = [ids_per_epoch(dataset, batch_size, True, epochs) for dataset in datasets]
+    return {**seen[0], "each": [s["ids"] for s in seen], "host": socket.gethostname()}
+
+
 def ids_by_horovod_runner(dataset: Any, batch_size: int, shuffle: bool) -> list[int]:
     """HorovodRunner's main: rank 0 returns every rank's ids of one epoch (gathered)."""
     import hora.torch as hvd
