@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from hora.data._files import Files
 
 _END = object()
+#: a shuffled window is handed over in parts of about this many bytes
+PART_BYTES = 4 << 20
 
 
 class Reader:
@@ -103,16 +105,9 @@ class Reader:
                     if cached is None or cached[0] != w:
                         cached = None  # let the last window go before the next is read
                         cached = (w, self._read(window, files))
-                    rows = cached[1]
-                    if self._shuffle:
-                        order = window_permutation(
-                            w, window.rows, seed=self._seed, epoch=self._epoch
-                        )
-                        part = rows.take(pa.array(order[lo:hi]))
-                    else:
-                        part = rows.slice(lo, hi - lo)
-                    if not self._put((w, part), part.get_total_buffer_size()):
-                        return
+                    for part in self._parts(w, cached[1], lo, hi):
+                        if not self._put((w, part), part.get_total_buffer_size()):
+                            return
                     position = window.start + hi
             self._put(_END, 0)
         except BaseException as e:  # raised in the loop
@@ -120,6 +115,18 @@ class Reader:
         finally:
             for f in files.values():
                 f.close()
+
+    def _parts(self, w: int, rows: pa.Table, lo: int, hi: int) -> Iterator[pa.Table]:
+        """Rows [lo, hi) of window `w`'s order: a slice in file order; shuffled, gathered a few
+        MiB at a time, so that the first batch waits for the window's read, not its whole
+        shuffled copy."""
+        if not self._shuffle:
+            yield rows.slice(lo, hi - lo)
+            return
+        order = window_permutation(w, rows.num_rows, seed=self._seed, epoch=self._epoch)
+        step = max(1, rows.num_rows * PART_BYTES // max(1, rows.nbytes))
+        for start in range(lo, hi, step):
+            yield rows.take(pa.array(order[start : min(hi, start + step)]))
 
     def _read(self, window: Window, files: dict[int, Any]) -> pa.Table:
         parts = [read_piece(self._dataset, i, self._columns, files) for i in window.pieces]
