@@ -130,11 +130,15 @@ DELTA: list[str] = []  # the Delta table of the source rows, written before any 
 
 
 def delta_table(source: str, folder: str) -> str:
-    """The source Parquet's rows as a Delta table, written by delta-rs (no Spark)."""
-    import pyarrow.dataset as ds
-    from deltalake import write_deltalake
+    """The source Parquet's rows as a Delta table, written by delta-rs (no Spark), in a child
+    process: read into this one, they would stay in the peak RSS the ranks inherit by fork."""
+    import subprocess
 
-    write_deltalake(folder, ds.dataset(source, format="parquet").to_table())
+    code = (
+        "import sys, pyarrow.dataset as ds; from deltalake import write_deltalake; "
+        "write_deltalake(sys.argv[2], ds.dataset(sys.argv[1], format='parquet').to_table())"
+    )
+    subprocess.run([sys.executable, "-c", code, source, folder], check=True)
     return folder
 
 
