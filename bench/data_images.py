@@ -136,6 +136,38 @@ def timed(fn: Any, *args: Any) -> float:
     return n / (time.perf_counter() - start)
 
 
+def contenders(kinds: list[str], parquet: Path, mds: Path) -> list[tuple[Any, ...]]:
+    """(name, epoch function, its data, its further arguments) for each contender asked for."""
+    found: list[tuple[Any, ...]] = []
+    if "hora" in kinds:
+        found += [
+            ("hora", hora_epoch, parquet, True),
+            ("hora, file order", hora_epoch, parquet, False),
+        ]
+    if "torch" in kinds:
+        found.append(("DataLoader", torch_epoch, parquet))
+    if "mosaic" in kinds:
+        found.append(("Mosaic", mosaic_epoch, mds))
+    return found
+
+
+def report(k: int, rounds: int, rates: dict[str, list[float]], single: float) -> None:
+    median = {name: statistics.median(r) for name, r in rates.items()}
+    print(f"\nK={k} workers (median of {rounds} epochs, images/s):")
+    for name, rate in median.items():
+        each = ", ".join(f"{r:,.0f}" for r in rates[name])
+        print(f"  {name:18s} {rate:9,.0f}   rounds: {each}")
+    if "hora" not in median:
+        return
+    ceiling = k * single
+    print(f"  hora / (K x one core's decode {ceiling:,.0f}): {median['hora'] / ceiling:.2f}")
+    order = median["hora"] / median["hora, file order"]
+    print(f"  hora shuffled / file order: {order:.2f}")
+    for other in ("DataLoader", "Mosaic"):
+        if other in median:
+            print(f"  hora / {other}: {median['hora'] / median[other]:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=2000)
@@ -161,36 +193,9 @@ def main() -> None:
         for k in counts:
             rates: dict[str, list[float]] = {}
             for _ in range(args.rounds):
-                if "hora" in kinds:
-                    rates.setdefault("hora", []).append(
-                        timed(hora_epoch, parquet, args.batch, k, True)
-                    )
-                    rates.setdefault("hora, file order", []).append(
-                        timed(hora_epoch, parquet, args.batch, k, False)
-                    )
-                if "torch" in kinds:
-                    rates.setdefault("DataLoader", []).append(
-                        timed(torch_epoch, parquet, args.batch, k)
-                    )
-                if "mosaic" in kinds:
-                    rates.setdefault("Mosaic", []).append(timed(mosaic_epoch, mds, args.batch, k))
-            median = {name: statistics.median(r) for name, r in rates.items()}
-            print(f"\nK={k} workers (median of {args.rounds} epochs, images/s):")
-            for name, rate in median.items():
-                print(
-                    f"  {name:18s} {rate:9,.0f}   rounds: {', '.join(f'{r:,.0f}' for r in rates[name])}"
-                )  # noqa: E501
-            if "hora" in median:
-                ceiling = k * single
-                print(
-                    f"  hora / (K x one core's decode {ceiling:,.0f}): {median['hora'] / ceiling:.2f}"
-                )
-                print(
-                    f"  hora shuffled / file order: {median['hora'] / median['hora, file order']:.2f}"
-                )  # noqa: E501
-                for other in ("DataLoader", "Mosaic"):
-                    if other in median:
-                        print(f"  hora / {other}: {median['hora'] / median[other]:.2f}x")
+                for name, fn, where, *more in contenders(kinds, parquet, mds):
+                    rates.setdefault(name, []).append(timed(fn, where, args.batch, k, *more))
+            report(k, args.rounds, rates, single)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
