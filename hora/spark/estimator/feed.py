@@ -266,7 +266,12 @@ class Batches:
         self._names = [f"c{i}" for i in range(len(specs))]
         self._shapes = {n: tuple(s.shape) for n, s in zip(self._names, specs, strict=True)}
         self._device = device
-        options: dict[str, Any] = {"columns": self._names, "transform": self._shaped}
+        # the transform is a reshape: nothing for worker processes to take off this thread
+        options: dict[str, Any] = {
+            "columns": self._names,
+            "transform": self._shaped,
+            "num_workers": 0,
+        }
         if dataset.rows >= size:
             self._loader = dataset.loader(
                 batch_size, shuffle=shuffle, seed=seed, rank=rank, size=size, **options
