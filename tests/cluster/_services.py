@@ -9,6 +9,7 @@ into a namespaced host would bind its executors, or gloo, to that host's loopbac
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -51,6 +52,16 @@ def clean_env(prefix: str, extra: Mapping[str, str] | None = None) -> dict[str, 
         "PYTHONPATH": CHECKOUT,
     }
     return env | dict(extra or {})
+
+
+def ray_token() -> str:
+    """The token Ray reads when no variable names one: its file, made as Ray's own `ray.init`
+    makes it when missing (a fresh machine has none, and `ray start --head` makes none)."""
+    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_hex(32))
+    return path.read_text().strip()
 
 
 def free_port(address: str) -> int:
@@ -211,6 +222,8 @@ class RayCluster(_Service):
         ]
 
     def _start_root(self) -> None:
+        if self.env.get("RAY_AUTH_MODE") == "token" and not self.env.get("RAY_AUTH_TOKEN"):
+            ray_token()  # a head in token mode refuses to start without one (Ray >= 2.5x)
         address = self.network.driver_address
         argv = [*self._argv(address, 0, "head"), "--head", f"--port={self.port}"]
         argv += ["--include-dashboard=false"]

@@ -8,11 +8,9 @@ that only the driver's path has (a notebook's `mymodels.py`) goes with the job b
 from __future__ import annotations
 
 import os
-import secrets
 import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +19,7 @@ import hora
 from tests._nohora import hide_hora
 from tests.cluster._cluster import Cluster
 from tests.cluster._hosts import ClusterUnavailable, why_unavailable
+from tests.cluster._services import ray_token
 from tests.cluster.conftest import (
     CORES,
     HOSTS,
@@ -49,7 +48,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     # Ray's token mode (tests/cluster/conftest.py) needs a token every node and the driver share;
     # the hosts get it through RAY_AUTH_TOKEN.
     token_was = os.environ.get("RAY_AUTH_TOKEN")
-    os.environ["RAY_AUTH_TOKEN"] = token_was or _ray_token()
+    os.environ["RAY_AUTH_TOKEN"] = token_was or ray_token()
     made = Cluster(
         HOSTS, CORES, spark=True, ray=True, extra_env={TAG: os.environ[TAG], "PYTHONPATH": site}
     )
@@ -71,16 +70,6 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         made.stop()
         if token_was is None:
             os.environ.pop("RAY_AUTH_TOKEN", None)
-
-
-def _ray_token() -> str:
-    """The token Ray reads when no variable names one (its file, made as Ray would if missing):
-    the one an earlier cluster module's `ray.init` already holds, since Ray keeps the first."""
-    path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_hex(32))
-    return path.read_text().strip()
 
 
 @pytest.fixture
