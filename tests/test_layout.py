@@ -572,6 +572,24 @@ def engine_names_spelled_outside() -> list[str]:
     return found
 
 
+def launcher_attributes_read_by_getattr() -> list[str]:
+    """A launcher's attributes are declared on `engines.base.Launcher` (the engine author's
+    contract): nothing reads one with `getattr(launcher, ...)` as if it might be missing."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr"):
+                continue
+            target = node.args[0] if node.args else None
+            named = getattr(target, "id", None) or getattr(target, "attr", None)
+            if isinstance(named, str) and "launcher" in named.lower():
+                found.append(
+                    f"{path.relative_to(REPO)}:{node.lineno}: {name} reads a launcher's attribute "
+                    "with getattr: declare it on hora.engines.base.Launcher, with its default"
+                )
+    return found
+
+
 RULES = {
     "rooms without a floor": rooms_without_a_floor,
     "circles": circles,
@@ -581,6 +599,7 @@ RULES = {
     "function-level imports": unlisted_function_imports,
     "stale allow-list entries": stale_allowances,
     "engines named outside hora/engines": engines_named_outside,
+    "launcher attributes read by getattr": launcher_attributes_read_by_getattr,
 }
 
 

@@ -86,6 +86,9 @@ class Launcher(ABC):
     reforms_in_place: bool = False
     #: whether `add` can start ranks into the running attempt, to grow it in place
     grows_in_place: bool = False
+    #: whether the ranks run where the driver's own modules cannot be imported (other machines,
+    #: a Connect server): the user's modules then travel by value with the job (`ship_code`)
+    ranks_elsewhere: bool = False
 
     @abstractmethod
     def start(self, ctx: LaunchContext) -> None:

@@ -48,10 +48,8 @@ def launch_with_metrics(
         if not payload:
             # The user's own modules go by value where the ranks cannot import them (other
             # machines); the engine's checks ran first, and still nothing has started.
-            elsewhere = bool(getattr(launcher, "ranks_elsewhere", False))
-            by_value = (
-                _shipping.is_users_module if _shipping.ships(spec.ship_code, elsewhere) else None
-            )
+            ships = _shipping.ships(spec.ship_code, launcher.ranks_elsewhere)
+            by_value = _shipping.is_users_module if ships else None
             payload.append(dumps_job(fn, tuple(args), dict(kwargs), by_value))
         return WorkerGroup(launcher, engine.rank_setup)
 
