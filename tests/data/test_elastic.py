@@ -49,3 +49,34 @@ def test_a_run_resized_mid_epoch_trains_each_row_once_per_epoch(tmp_path, monkey
         trained = Counter(i for e in kept if e["epoch"] == epoch for i in e["ids"])
         assert sorted(trained) == list(range(ROWS)) and set(trained.values()) == {1}, epoch
     assert "hora: resizing from 1 to 2 ranks" in capfd.readouterr().err
+
+
+def test_a_run_grown_in_place_mid_epoch_with_workers_trains_each_row_once(
+    tmp_path, monkeypatch, capfd
+):
+    """The same growth in place (the default): rank 0 keeps its process, and its loader's
+    workers, while the world re-forms around it; the joiner's loader starts its own."""
+    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
+    dataset = write_ids(tmp_path / "data")
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    hora.run(
+        _jobs.elastic_ids,
+        (dataset, str(folder), 2, 16, 1),
+        np=1,
+        min_np=1,
+        max_np=2,
+        timeout=240,
+    )
+    logs = {
+        path.stem: [json.loads(line) for line in path.read_text().splitlines()]
+        for path in sorted(Path(folder).glob("log-*.jsonl"))
+    }
+    assert sorted(logs) == ["log-0-0", "log-0-1"], sorted(logs)  # one attempt: no restart
+    assert logs["log-0-1"][0]["epoch"] == 0, "the run did not grow mid-epoch"
+    for epoch in range(2):
+        trained = Counter(
+            i for entries in logs.values() for e in entries if e["epoch"] == epoch for i in e["ids"]
+        )
+        assert sorted(trained) == list(range(ROWS)) and set(trained.values()) == {1}, epoch
+    assert "hora: growing in place from 1 to 2 ranks" in capfd.readouterr().err
