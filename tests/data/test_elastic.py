@@ -8,6 +8,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 import hora
 from tests.data import _jobs
 from tests.data._parquet import write_ids
@@ -15,21 +17,22 @@ from tests.data._parquet import write_ids
 ROWS = 600
 
 
-def test_a_run_resized_mid_epoch_trains_each_row_once_per_epoch(tmp_path, monkeypatch, capfd):
+def _grow_from_1_to_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[int]]:
+    """Two epochs of `_jobs.elastic_ids` (a loader worker per rank) started at 1 rank with room
+    for 2: the folder of its step logs, and what its ranks returned."""
     monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
-    # the restart path: the job reads its rank and size once, before hvd.elastic.run
-    monkeypatch.setenv("HORA_ELASTIC_IN_PLACE", "0")
     dataset = write_ids(tmp_path / "data")
     folder = tmp_path / "logs"
     folder.mkdir()
-    worlds = hora.run(
-        _jobs.elastic_ids,
-        (dataset, str(folder), 2, 16, 1),
-        np=1,
-        min_np=1,
-        max_np=2,
-        timeout=240,
-    )
+    args = (dataset, str(folder), 2, 16, 1)
+    worlds = hora.run(_jobs.elastic_ids, args, np=1, min_np=1, max_np=2, timeout=240)
+    return folder, worlds
+
+
+def test_a_run_resized_mid_epoch_trains_each_row_once_per_epoch(tmp_path, monkeypatch, capfd):
+    # the restart path: the job reads its rank and size once, before hvd.elastic.run
+    monkeypatch.setenv("HORA_ELASTIC_IN_PLACE", "0")
+    folder, worlds = _grow_from_1_to_2(tmp_path, monkeypatch)
     assert worlds == [2, 2]
     attempts: dict[int, list[list[dict]]] = {}
     for path in sorted(Path(folder).glob("log-*.jsonl")):
@@ -56,18 +59,7 @@ def test_a_run_grown_in_place_mid_epoch_with_workers_trains_each_row_once(
 ):
     """The same growth in place (the default): rank 0 keeps its process, and its loader's
     workers, while the world re-forms around it; the joiner's loader starts its own."""
-    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
-    dataset = write_ids(tmp_path / "data")
-    folder = tmp_path / "logs"
-    folder.mkdir()
-    hora.run(
-        _jobs.elastic_ids,
-        (dataset, str(folder), 2, 16, 1),
-        np=1,
-        min_np=1,
-        max_np=2,
-        timeout=240,
-    )
+    folder, _ = _grow_from_1_to_2(tmp_path, monkeypatch)
     logs = {
         path.stem: [json.loads(line) for line in path.read_text().splitlines()]
         for path in sorted(Path(folder).glob("log-*.jsonl"))
