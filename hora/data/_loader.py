@@ -223,6 +223,7 @@ class Loader:
             window_bytes=self._window_bytes,
         )
         pool = self._workers()
+        budget = max(1, self.prefetch // 2)  # the reader's, and the workers' in flight
         reader = Reader(
             self.dataset,
             self.columns,
@@ -231,14 +232,13 @@ class Loader:
             shuffle=self.shuffle,
             seed=self.seed,
             epoch=self.epoch,
-            budget=max(1, self.prefetch // 2),
+            budget=budget,
         )
         try:
             raw = _cut_batches(reader.tables(), sizes[self.rank])
             if pool is None:
                 made: Iterator[dict[str, Any]] = (self._make(table) for table, _ in raw)
             else:
-                budget = max(1, self.prefetch // 2)
                 made = pool.batches(
                     raw, budget, lambda used: _row_groups(self.dataset, found, used)
                 )
