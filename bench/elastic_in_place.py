@@ -29,21 +29,21 @@ import time
 from pathlib import Path
 
 import hora
-from hora.job.elastic import GrowthWatch
+from hora.job.elastic import FreeSlots
 from tests.elastic import _jobs
 
 _decided: list[float] = []  # when a growth watch fired (time.time())
-_due = GrowthWatch.due
+_due = FreeSlots.due
 
 
-def _noting_due(self: GrowthWatch, now: float) -> bool:
+def _noting_due(self: FreeSlots, now: float) -> bool:
     fired = _due(self, now)
     if fired:
         _decided.append(time.time())
     return fired
 
 
-GrowthWatch.due = _noting_due  # type: ignore[method-assign]
+FreeSlots.due = _noting_due  # type: ignore[method-assign]
 
 
 def _steps(folder: str) -> list[dict]:

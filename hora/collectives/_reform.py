@@ -19,8 +19,20 @@ from hora.collectives._basics import init, replace_default_group, shutdown, time
 from hora.wire.protocol import Reform
 
 
-def reform(order: Reform) -> None:
-    """Make this process rank `order.rank` of a world of `order.size`, in place."""
+def reform(order: Reform) -> Reform:
+    """Make this process rank `order.rank` of a world of `order.size`, in place; where the
+    driver orders a newer world while this one forms (a rank of it was lost), that one. Returns
+    the order of the world made."""
+    while True:
+        try:
+            _reform_once(order)
+        except _rendezvous.Superseded as newer:
+            order = newer.order
+            continue
+        return order
+
+
+def _reform_once(order: Reform) -> None:
     shutdown()
     placement = environment.RankPlacement(
         order.rank,

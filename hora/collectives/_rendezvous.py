@@ -7,10 +7,16 @@ to grow a running world (it has the generation in its environment) says so to th
 (`Joining`) and waits for the world to open: the running ranks open it when they reach the
 commit where they re-form, which may be a while (one commit interval), longer than the group's
 own timeout should be.
+
+Before the group itself is made, every rank of a re-formed world marks itself present under the
+prefix and waits for all the others, a few milliseconds at a time: a rank lost meanwhile would
+leave torch's rendezvous waiting for ever, so while it waits a rank reads the driver's newer
+word (a world without the lost rank, `Superseded`) and re-forms that one instead.
 """
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import torch
@@ -18,12 +24,21 @@ import torch.distributed as dist
 
 from hora.environment import RankEnvironment
 from hora.wire import link
-from hora.wire.protocol import Joining
+from hora.wire.protocol import Joining, Reform
 
 OPEN_KEY = "open"  # set by the running ranks of a world re-formed in place as they join it
 #: how long a new rank waits for the running ones to reach their commit; the driver stops it
 #: sooner when the attempt ends without them
 JOIN_WAIT = timedelta(days=1)
+PRESENT_POLL_SECONDS = 0.02
+
+
+class Superseded(Exception):
+    """The driver ordered a newer world (`order`) while this one was still forming."""
+
+    def __init__(self, order: Reform) -> None:
+        super().__init__(f"world {order.generation} ordered while an older one formed")
+        self.order = order
 
 
 def backend() -> str:
@@ -54,4 +69,22 @@ def init_default_group(here: RankEnvironment, wait: timedelta, opening: bool = F
         if driver is not None:
             driver.send(Joining(driver.rank))
         store.wait([OPEN_KEY], JOIN_WAIT)
+    _all_present(store, rank, size, here.generation, wait)
     dist.init_process_group(backend(), store=store, rank=rank, world_size=size, timeout=wait)
+
+
+def _all_present(store: dist.Store, rank: int, size: int, generation: int, wait: timedelta) -> None:
+    """Mark this rank present and wait until every rank of the world is; raise `Superseded`
+    when the driver orders a newer world meanwhile (a rank of this one was lost)."""
+    store.set(f"present/{rank}", "1")
+    keys = [f"present/{r}" for r in range(size)]
+    deadline = time.monotonic() + wait.total_seconds()
+    while not store.check(keys):
+        newer = link.wait_reform(generation, PRESENT_POLL_SECONDS)
+        if newer is not None:
+            raise Superseded(newer)
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the world re-formed in place as generation {generation} did not gather its "
+                f"{size} ranks within {wait.total_seconds():g} s"
+            )

@@ -295,6 +295,23 @@ def run(
     return wrapper
 
 
+def _go_on_in(order: Reform, state: State, rolled_back: bool) -> None:
+    """Re-form this process's world as `order` says; there, restore the last commit (after a
+    loss: a sharded model's load needs every rank of the world) and sync the state. A rank of
+    that world lost before it is in sync fails its collectives here: the driver then orders a
+    world without it, which this rank re-forms in turn (from the same commit)."""
+    while True:
+        try:
+            _in_world(order, state, rolled_back)
+            return
+        except Exception as error:
+            newer = _await_reform()
+            if newer is None:
+                raise
+            log.warning("the world re-formed as %d failed (%.120s)", order.generation, error)
+            order, rolled_back = newer, True
+
+
 def _may_heal(error: Exception, reformable: bool) -> bool:
     """A failed collective: Horovod's; or, where the world re-forms in place, torch.distributed's
     own (FSDP2's all-gathers, DCP's saves: a gloo pair closed by a lost peer), which a lost rank
@@ -329,10 +346,10 @@ def _after_failure(error: Exception, state: State, reformable: bool) -> Reform |
     return order
 
 
-def _go_on_in(order: Reform, state: State, rolled_back: bool) -> None:
-    """Re-form this process's world as `order` says; there, restore the last commit (after a
-    loss: a sharded model's load needs every rank of the world) and sync the state."""
-    _reform.reform(order)
+def _in_world(order: Reform, state: State, rolled_back: bool) -> None:
+    global _generation
+    order = _reform.reform(order)
+    _generation = max(_generation, order.generation)
     state.reformed()
     if rolled_back:
         state.restore()

@@ -17,9 +17,8 @@ from typing import Any, Protocol
 
 from hora._output_files import OutputFiles
 from hora.job._echo import echo
-from hora.job.elastic import GrowthWatch
-from hora.job.growing import GrowingInPlace
-from hora.job.in_place import ResizedInPlace
+from hora.job.elastic import FreeSlots
+from hora.job.in_place import GrowingInPlace, ResizedInPlace
 from hora.job.metrics import MetricsLog
 from hora.timeline import DriverTimeline
 from hora.wire.protocol import HostsUpdated, Metrics, Resumed, TimelineBatch
@@ -162,25 +161,28 @@ class CollectMetrics(MonitorCallback):
                 self.metrics.resized(event | {"commit": commit, "why": why})
 
 
-class WatchGrowth(MonitorCallback):
+class Grow(MonitorCallback):
     """An elastic attempt that may grow: while every rank runs, once the cluster has had room
-    for more for the settle time, grow in place where the ranks can (`hora.job.growing`), else
-    (with a restart left) ask them all to stop at their next commit. After a resize in place
-    it watches again, from the new size."""
+    for more for the settle time, grow in place where the ranks can (`hora.job.world`), else
+    (with a restart left) ask them all to stop at their next commit. After a resize in place,
+    or a growth in place given up (a new rank was lost), it watches again."""
 
-    def __init__(self, growth: GrowthWatch, max_np: int, restart: bool = True) -> None:
+    def __init__(self, growth: FreeSlots, max_np: int, restart: bool = True) -> None:
         self.growth = growth
         self.max_np = max_np
         self.restart = restart  # the budget has an attempt left to grow into
+        self.in_place = False  # the watch fired and new ranks were started
 
     def on_tick(self, monitor: Monitor, now: float) -> None:
         if monitor.state is not AttemptState.RUNNING or not monitor.may_grow:
             return
-        if monitor.np != self.growth.np:
-            self.growth = GrowthWatch(monitor.np, self.growth.capacity, self.growth.steady)
+        if monitor.np != self.growth.np or self.in_place:  # resized, or the growth given up
+            self.growth = FreeSlots(monitor.np, self.growth.capacity, self.growth.steady)
+            self.in_place = False
         if monitor.np >= self.max_np or not self.growth.due(now):
             return
-        if not monitor.grow_in_place(min(self.max_np, self.growth.seen)) and self.restart:
+        self.in_place = monitor.grow_in_place(min(self.max_np, self.growth.seen))
+        if not self.in_place and self.restart:
             monitor.send_all(HostsUpdated())
 
 
@@ -189,7 +191,7 @@ def for_attempt(
     timeline: DriverTimeline,
     metrics: MetricsLog,
     output_files: OutputFiles | None = None,
-    growth: WatchGrowth | None = None,
+    growth: Grow | None = None,
     log_callback_only: bool = False,
 ) -> list[MonitorCallback]:
     """The driver's callbacks for the attempt numbered `attempt` (from 0) of a run."""

@@ -7,7 +7,7 @@ checkpoints (`hora.checkpoint`) and hvd.elastic's commits (kept on each host) ar
 attempt resume where the last one stopped.
 
 An elastic run (min_np/max_np) sizes each attempt to the cluster (`elastic.Sizer`) and, while
-it runs below max_np, grows at a commit when slots return (`elastic.GrowthWatch`). Every
+it runs below max_np, grows at a commit when slots return (`elastic.FreeSlots`). Every
 attempt after the first, whether it follows a failure or a resize, spends one of max_restarts.
 """
 
@@ -30,7 +30,7 @@ from hora.config import RunConfig
 from hora.engines.base import AttemptSpec
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
 from hora.job import callbacks
-from hora.job.elastic import AttemptResized, GrowthWatch, Sizer, TooFewSlots
+from hora.job.elastic import AttemptResized, FreeSlots, Sizer, TooFewSlots
 from hora.job.metrics import MetricsLog
 from hora.job.monitor import Group, Limits, Monitor
 from hora.job.policy import FailurePolicy
@@ -297,7 +297,7 @@ class Job:
         in_place: bool = False,
         group: StartableGroup | None = None,
         shrinks: bool = False,
-    ) -> callbacks.WatchGrowth | None:
+    ) -> callbacks.Grow | None:
         """A watch for returning slots: while the attempt runs below max_np, to grow by a
         restart (while the budget has an attempt left) or, `in_place` (its engine re-forms
         worlds and starts ranks into them), in place (spending none; also after it shrank in
@@ -313,8 +313,8 @@ class Job:
         if not (in_place or restart):
             return None  # the run finishes at this size
         count = sizer.capacity
-        watch = GrowthWatch(attempt.np, lambda held: count(held + _spare(group)), sizer.settle)
-        return callbacks.WatchGrowth(watch, sizer.max_np, restart)
+        watch = FreeSlots(attempt.np, lambda held: count(held + _spare(group)), sizer.settle)
+        return callbacks.Grow(watch, sizer.max_np, restart)
 
     def _final_error(self) -> WorkerFailedError:
         if len(self.failed) == 1:

@@ -4,7 +4,7 @@ After a failed attempt the driver waits a settle time (a lost host's executors o
 moment to leave the cluster's count, a replacement a moment to join), then starts the next
 attempt with as many ranks as the cluster can run now, at most `max_np`; below `min_np` it polls
 until `start_timeout`, then gives up with the story. While an attempt runs below `max_np`, a
-`GrowthWatch` polls the same count; once more slots have stayed free for the settle time, the
+`FreeSlots` polls the same count; once more slots have stayed free for the settle time, the
 driver asks the ranks to stop at their next commit and starts the next attempt, larger.
 The ranks' side (commits that outlive them, the restore) is `hora.collectives.elastic`.
 """
@@ -88,7 +88,7 @@ class Sizer:
             self.sleep(min(POLL_SECONDS, max(0.0, wait - waited)))
 
 
-class GrowthWatch:
+class FreeSlots:
     """While an attempt of `np` ranks runs: `due()` turns True once, when the cluster could run
     more of them and has for `steady` seconds."""
 

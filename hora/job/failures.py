@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from hora.errors import RankTraceback, WorkerFailedError
+from hora.errors import RankTraceback, RunTimeoutError, WorkerFailedError
 
 
 @dataclass
@@ -51,3 +51,30 @@ def story(
     if root.reported and root.traceback:  # printed first: the user's frames lead
         error.__cause__ = RankTraceback(root.rank, root.traceback, root.exception)
     return error
+
+
+def not_started(missing: list[int], np: int, start_timeout: float) -> RunTimeoutError:
+    """Ranks `missing` of `np` never connected within start_timeout."""
+    return RunTimeoutError(
+        f"{len(missing)} of {np} workers did not start within start_timeout={start_timeout:g} s: "
+        f"ranks {_ranks(missing)} never connected to the driver. Check that the cluster has free "
+        "slots and that workers can reach the driver, or raise start_timeout.",
+        missing,
+    )
+
+
+def past_timeout(
+    running: list[int], timeout: float | None, stall: str | None, where: str | None
+) -> RunTimeoutError:
+    """The run passed its `timeout` with ranks `running` not done: their stall, their stacks."""
+    stalled = f"\nThey were stalled: {stall}" if stall else ""
+    stacks = f"\n\n{where}" if where is not None else ""
+    return RunTimeoutError(
+        f"the job ran past timeout={timeout or 0:g} s and was stopped; ranks {_ranks(running)} had "
+        f"not finished.{stalled}{stacks}",
+        running,
+    )
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))

@@ -11,7 +11,6 @@ restarts: it returns the results, or raises the attempt's `WorkerFailedError` /
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import sys
 import time
@@ -22,21 +21,25 @@ from typing import Any, Protocol
 
 from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
+from hora.job import in_place
 from hora.job.callbacks import AttemptState, MonitorCallback
 from hora.job.elastic import AttemptResized
-from hora.job.failures import Failure, story
-from hora.job.growing import Growth
-from hora.job.in_place import Renumbering
+from hora.job.failures import Failure, not_started, past_timeout, story
+from hora.job.silence import silence_seconds, silent
 from hora.job.stacks import StackRequest, take_request
+from hora.job.world import Phase, Restart, World
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
     EngineFailed,
     Error,
     Exited,
     Hello,
+    InPlace,
+    Joining,
     Metrics,
     Output,
     Payload,
+    Reformed,
     Resized,
     Result,
     Resumed,
@@ -48,10 +51,6 @@ from hora.wire.protocol import (
 TAIL_LINES = 30
 SETTLE_SECONDS = 0.3  # after a first failure, wait this long for its cause to be reported too
 EXIT_GRACE_SECONDS = 10.0  # after every result is in, how long ranks get to exit by themselves
-# A running rank sends a heartbeat every 2 s (hora.rank.worker); this long without a word from it,
-# its host is taken as cut off (or the process as frozen), and the attempt fails naming it.
-SILENCE_VAR = "HORA_HEARTBEAT_TIMEOUT_SECONDS"
-DEFAULT_SILENCE_SECONDS = 30.0
 
 
 class Group(Protocol):
@@ -108,10 +107,10 @@ class Monitor:
         self.silence_s = silence_seconds()
         self.resized: dict[int, int] = {}  # rank -> the commit it stopped at, to grow
         self.known_commit = known_commit  # the newest commit of the run the driver knows of
-        #: an elastic attempt whose engine can re-form it: the fewest ranks it may shrink to in
-        #: place (None: a lost rank ends the attempt, as on any engine)
-        self.renumbering = Renumbering(np, in_place_min_np)
-        self.growth = Growth(np, TAIL_LINES)  # new ranks started to grow the attempt in place
+        #: its ranks by process, re-formed in place where the engine can (`in_place_min_np`:
+        #: the fewest ranks it may shrink to; None: a lost rank ends the attempt)
+        self.world = World(np, in_place_min_np)
+        self.start_timeout = 0.0  # the attempt's: how long new ranks have to reach the world
         self.state = AttemptState.STARTING
         for callback in self.callbacks:
             callback.on_state(self, None, self.state)
@@ -141,12 +140,13 @@ class Monitor:
     @stopping.setter
     def stopping(self, value: bool) -> None:
         if value:
+            self.world.stop()
             self._enter(AttemptState.STOPPING)
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
         start_deadline = time.monotonic() + limits.start_timeout
-        self.growth.start_timeout = limits.start_timeout
+        self.start_timeout = limits.start_timeout
         self._all_done_at: float | None = None
         while True:
             now = time.monotonic()
@@ -169,13 +169,17 @@ class Monitor:
         """Every rank returned (and exited, or had its grace to): True. A failure raises its
         story once the settle time and any question to the ranks are over; every rank stopped
         at the same commit to grow raises AttemptResized."""
-        self.growth.late(self, now)
+        self._decided(self.world.late(now))
         if self.failures:
             first = min(f.time for f in self.failures.values())
             settled = time.time() - first >= SETTLE_SECONDS
-            if settled and self._may_reform():
-                self.renumbering.reform(self, first)
-                return False
+            if settled and self._may_go_on():
+                decisions = self.world.lose(in_place.losses(self), first, in_place.why(self))
+                for decision in decisions:
+                    if not isinstance(decision, Restart):
+                        self._decided(decision)
+                if not self.failures:
+                    return False
             if settled and self._stacks_in(now):
                 self._enter(AttemptState.FAILED)
                 raise self.failure_error()
@@ -188,24 +192,37 @@ class Monitor:
         self._all_done_at = self._all_done_at or now
         return len(self.exits) == self.np or now - self._all_done_at > EXIT_GRACE_SECONDS
 
-    def _may_reform(self) -> bool:
-        """The attempt may shrink in place instead of failing (`hora.job.in_place`)."""
-        live = not self.stopping and self.dump is None and self.growth.joiners is None
-        return live and self.renumbering.possible(self, self._finished)
+    # -- in place (`hora.job.world` decides, `hora.job.in_place` carries out) ---------------
+    def _may_go_on(self) -> bool:
+        """The world may be asked to go on without the lost ranks: an attempt that may re-form,
+        not stopped or asked where it is, and no survivor done already."""
+        if self.world.min_np is None or self.world.phase is Phase.RESTARTING:
+            return False
+        lost = in_place.lost(self)
+        survivors = [r for r in range(self.np) if r not in lost]
+        return not self.stopping and self.dump is None and not any(map(self._finished, survivors))
 
-    # -- growing in place (`hora.job.growing`) ----------------------------------------------
+    def _decided(self, decision: Any) -> None:
+        if decision is not None:
+            record = in_place.carry_out(self, decision, TAIL_LINES)
+            for callback in self.callbacks if record is not None else ():
+                callback.on_report(record)
+
     @property
     def may_grow(self) -> bool:
-        """Whether the growth watch may judge now (`hora.job.growing.Growth.ready`)."""
-        return self.growth.ready(self, self.renumbering)
+        """Whether the growth watch may judge now: every rank's hvd.elastic.run has said
+        whether it can re-form, and no change of the world is under way."""
+        return self.world.min_np is None or self.world.phase is Phase.RUNNING
 
     def grow_in_place(self, size: int) -> bool:
         """Start new ranks for a world of `size` that the running ranks re-form into at their
         next commit; False when they cannot (the run may grow by a restart instead)."""
-        record = self.growth.start(self, self.renumbering, self.group, size)
-        for callback in self.callbacks if record is not None else ():
-            callback.on_report(record)
-        return record is not None
+        if self.failures:
+            return False
+        can_add = bool(getattr(self.group, "grows_in_place", False))
+        start = self.world.grow(size, can_add, time.monotonic(), self.start_timeout, time.time())
+        self._decided(start)
+        return start is not None
 
     def _check_limits(self, limits: Limits, start_deadline: float, now: float) -> None:
         """Raise RunTimeoutError when the ranks did not all start in time, or the run's timeout
@@ -214,13 +231,7 @@ class Monitor:
         if len(self.started) < np and now > start_deadline:
             missing = [r for r in range(np) if r not in self.started]
             self._enter(AttemptState.TIMED_OUT)
-            raise RunTimeoutError(
-                f"{len(missing)} of {np} workers did not start within start_timeout="
-                f"{limits.start_timeout:g} s: ranks {_ranks(missing)} never connected "
-                "to the driver. Check that the cluster has free slots and that workers can "
-                "reach the driver, or raise start_timeout.",
-                missing,
-            )
+            raise not_started(missing, np, limits.start_timeout)
         if limits.deadline is not None and now > limits.deadline:
             if self.dump is None:
                 self.dump = self._ask_where(f"the run reached timeout={limits.timeout:g} s")
@@ -231,11 +242,15 @@ class Monitor:
     def handle(self, conn: Connection | None, message: Any) -> None:
         peer = getattr(conn, "peer", None)
         if peer is not None:
-            peer = self.renumbering.now.get(peer)
+            peer = self.world.rank_of(peer)
             if peer is None:
                 return  # a rank lost before its world was re-formed in place
             self.last_heard[peer] = time.monotonic()
-        translated = self.renumbering.translate(message)
+        if isinstance(message, Hello):
+            assert conn is not None  # a hello only ever arrives on a worker's channel
+            self._hello(conn, message.rank, message.host)
+            return
+        translated = in_place.translate(self.world, message)
         if translated is None and message is not None:
             return  # from a rank lost to a re-formed world
         if translated is None or isinstance(translated, _LIFECYCLE):
@@ -248,10 +263,7 @@ class Monitor:
         match message:
             case None:  # a channel closed; the launcher reports the process's exit
                 peer = getattr(conn, "peer", None)
-                self._closed(self.renumbering.now.get(peer) if peer is not None else None)
-            case Hello(rank=rank, host=host):
-                assert conn is not None  # a hello only ever arrives on a worker's channel
-                self._hello(conn, rank, host)
+                self._closed(self.world.rank_of(peer) if peer is not None else None)
             case Result(rank=rank, data=data):
                 self.results[rank] = data
             case Error(rank=rank, summary=summary, traceback=tb, time=when, exception=raised):
@@ -267,10 +279,10 @@ class Monitor:
     def _report(self, message: Any) -> None:
         """What a running rank says: its output, stalls, resizes and stacks here; the rest (its
         timeline, metrics, a resume) to the callbacks."""
-        message = self.renumbering.report(self.growth.report(self, self.renumbering, message))
-        if message is None:
-            return
+        message = self._about_the_world(message)
         match message:
+            case None:
+                return
             case Output(rank=rank, stream=stream, text=text):
                 self._output(rank, stream, text)
                 return
@@ -290,6 +302,20 @@ class Monitor:
         for callback in self.callbacks:
             callback.on_report(message)
 
+    def _about_the_world(self, message: Any) -> Any:
+        """The ranks' word on re-forming, to the world (a `ResizedInPlace` record for the
+        callbacks of a `Reformed`); None for nothing more to do; any other `message` as is."""
+        match message:
+            case InPlace(rank=rank, able=able, grows=grows):
+                self.world.said(self.world.id_of(rank), able, grows)
+            case Joining(rank=rank):
+                self._decided(self.world.joined(self.world.id_of(rank), time.time()))
+            case Reformed(generation=generation, size=size, commit=commit):
+                return in_place.resized(self.world, generation, size, commit)
+            case _:
+                return message
+        return None
+
     def _resumed(self, commit: int, size: int) -> str:
         made = f"{size} rank{'s' if size != 1 else ''}"
         said = f"the ranks resumed from commit {commit} (made by {made})"
@@ -307,13 +333,14 @@ class Monitor:
             if self.exits.get(rank) == 0:  # its exit came before its channel drained
                 self._exited(rank, 0)
 
-    def _hello(self, conn: Connection, rank: int, host: str) -> None:
-        """A rank connected: it gets the job, unless the rank is unknown or already here."""
-        known = (isinstance(rank, int) and 0 <= rank < self.np) or self.growth.expects(rank)
-        if not known or rank in self.started:
+    def _hello(self, conn: Connection, pid: int, host: str) -> None:
+        """A process connected: it gets the job as its rank now, unless it is unknown, gone
+        (a new rank of a growth given up: it ends itself) or already here."""
+        rank = self.world.started(pid, host) if isinstance(pid, int) else None
+        if rank is None or rank in self.started:
             conn.close()
             return
-        conn.peer = self.renumbering.first(rank)
+        conn.peer = pid
         self.started[rank] = host
         self.connections[rank] = conn
         self.last_heard[rank] = time.monotonic()
@@ -331,23 +358,8 @@ class Monitor:
     def _note_silent_ranks(self, now: float) -> None:
         """A running rank not heard from for the silence time fails the attempt, naming its
         host: a cut-off host's ranks would otherwise wait in their collectives for ever."""
-        if not self.silence_s:
-            return
-        for rank, heard in self.last_heard.items():
-            silent = now - heard
-            if silent < self.silence_s or rank in self.failures or self._finished(rank):
-                continue
-            host = self.started.get(rank, "?")
-            self.failures[rank] = Failure(
-                rank,
-                f"no word from it for {silent:.0f} s ({SILENCE_VAR}={self.silence_s:g}): host "
-                f"{host} is unreachable (network cut, or the host is gone) or the process is "
-                "frozen",
-                "",
-                False,
-                time.time(),
-                subject=f"rank {rank} on host {host}",
-            )
+        for rank, failure in silent(self, now, self.silence_s, self._finished).items():
+            self.failures[rank] = failure
 
     def _finished(self, rank: int) -> bool:
         return (
@@ -388,13 +400,8 @@ class Monitor:
 
     def timeout_error(self, limits: Limits) -> RunTimeoutError:
         running = [r for r in range(self.np) if r not in self.results]
-        stall = f"\nThey were stalled: {self.stall}" if self.stall else ""
-        where = f"\n\n{self._stack_report(self.dump)}" if self.dump is not None else ""
-        return RunTimeoutError(
-            f"the job ran past timeout={limits.timeout:g} s and was stopped; "
-            f"ranks {_ranks(running)} had not finished.{stall}{where}",
-            running,
-        )
+        where = self._stack_report(self.dump) if self.dump is not None else None
+        return past_timeout(running, limits.timeout, self.stall, where)
 
     def _output(self, rank: int, stream: str, text: str) -> None:
         self.tails[rank].append(text.rstrip("\r"))
@@ -438,16 +445,3 @@ class Monitor:
     def failure_error(self) -> WorkerFailedError:
         dump = self._stack_report(self.dump) if self.dump is not None else None
         return story(self.failures, self.tails, dump)
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(map(str, ranks))
-
-
-def silence_seconds() -> float:
-    """How long a running rank may stay silent (0: never judged silent)."""
-    value = os.environ.get(SILENCE_VAR, "")
-    try:
-        return float(value) if value else DEFAULT_SILENCE_SECONDS
-    except ValueError:
-        raise ValueError(f"{SILENCE_VAR}={value!r} is not a number of seconds") from None

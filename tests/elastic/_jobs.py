@@ -36,6 +36,8 @@ HOST_MARK = "kill-host"  # a rank wrote its host here: the test makes that host 
 SMALL_MARK = "small"  # an attempt below the full size made its first commit
 BACK_MARK = "back"  # the test brought the lost capacity back
 KILLED_MARK = "killed"  # when the faulty rank killed itself (time.time())
+FIRST_JOINER_MARK = "first-joiner"  # made (exclusively) by the first rank started to grow
+RUNNING_KILLED_MARK = "running-killed"  # a running rank killed itself while a new one started
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,12 @@ class Plan:
     data: Any = None
     #: each step's loss through hora.report
     report: bool = False
+    #: the ranks the fault kills at once (default: the last one)
+    fault_ranks: tuple[int, ...] | None = None
+    #: a fault in the first growth in place: "before" (the first new rank SIGKILLs itself before
+    #: init), "after_init" (... once its init returned: the running ranks re-form with it), or
+    #: "running" (rank 0, holding its commit, SIGKILLs itself while the first new rank starts)
+    joiner_fault: str | None = None
 
 
 def dataset(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +117,7 @@ def _shard(net: nn.Module, world: int) -> nn.Module:
 def train(plan: Plan) -> dict[str, Any]:
     import hora.torch as hvd
 
-    hvd.init()
+    _init(plan, hvd)
     attempt = _attempt()
     x, y = dataset(plan.samples)
     net = model()
@@ -157,7 +165,7 @@ def train(plan: Plan) -> dict[str, Any]:
                 time.sleep(plan.step_seconds)
                 if (j + 1) % plan.commit_every == 0:
                     if plan.wait_for_return and world < plan.full and not waited:
-                        waited = _wait_for_return(plan.folder, rank)
+                        waited = _wait_for_return(plan, rank)
                     state.commit()
             state.epoch += 1
             if plan.data is None:
@@ -257,7 +265,7 @@ def _maybe_fault(
     """The fault, in the attempt's first world only (not again in one re-formed in place)."""
     if plan.fault is None or (attempt, generation) != (plan.fault_attempt, 0):
         return
-    if rank != world - 1:
+    if rank not in (plan.fault_ranks or (world - 1,)):
         return
     if commits != plan.fault_commit:
         return
@@ -269,15 +277,58 @@ def _maybe_fault(
     time.sleep(3600)  # as a lost host: this rank trains no further
 
 
-def _wait_for_return(folder: str, rank: int) -> bool:
+def _init(plan: Plan, hvd: Any) -> None:
+    """hvd.init(), with the plan's fault of the first rank started to grow the world."""
+    first_joiner = _first_joiner(plan)
+    if first_joiner and plan.joiner_fault == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if first_joiner and plan.joiner_fault == "running":  # until a running rank is lost
+        _wait_for(Path(plan.folder, RUNNING_KILLED_MARK))
+    hvd.init()
+    if first_joiner and plan.joiner_fault == "after_init":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _first_joiner(plan: Plan) -> bool:
+    """Whether this process is the first one started to grow a world in place (it starts in a
+    later world's generation); the mark is made once, by it alone."""
+    if plan.joiner_fault is None or not _generation():
+        return False
+    try:
+        os.close(os.open(Path(plan.folder, FIRST_JOINER_MARK), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
+def _maybe_running_fault(plan: Plan) -> None:
+    """joiner_fault "running": rank 0 of a shrunk world, holding its commit until the run grows
+    back, SIGKILLs itself once the first new rank has started (which waits for it)."""
+    mark = Path(plan.folder, RUNNING_KILLED_MARK)
+    if plan.joiner_fault != "running" or mark.exists():
+        return
+    if Path(plan.folder, FIRST_JOINER_MARK).exists():
+        mark.write_text(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _wait_for(path: Path, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _wait_for_return(plan: Plan, rank: int) -> bool:
     """Rank 0 says the run is small, and holds the next commit until the test has brought the
     capacity back and the driver has said so (the other ranks wait in the commit's broadcast):
     the run grows at that commit, however long the capacity took to return."""
     from hora.wire import link
 
+    folder = plan.folder
     if rank == 0:
         Path(folder, SMALL_MARK).touch()
         while not (Path(folder, BACK_MARK).exists() and link.hosts_updated()):
+            _maybe_running_fault(plan)
             time.sleep(0.1)
     return True
 
@@ -349,6 +400,24 @@ def check_in_place(
     assert len(joined) == full - small and not joined & {*pids[0, 0].values()}, pids  # new
     assert [r["pid"] for r in results] == [pids[0, 2][r] for r in range(full)]
     assert [r["world"] for r in results] == [full] * full
+    return logs
+
+
+def check_survivors(
+    folder: str, results: list[dict[str, Any]], worlds: list[int]
+) -> dict[Life, dict[int, list[dict[str, Any]]]]:
+    """One attempt whose worlds, re-formed in place, had `worlds` ranks in turn: ranks below the
+    smallest world kept their processes in every world (a rank that survives keeps its process
+    and its order), and `results` come from the last world's ranks in order."""
+    logs = read_logs(folder)
+    lives = sorted(logs)
+    assert {a for a, _ in lives} == {0}, lives  # one attempt: no restart
+    assert [len(logs[life]) for life in lives] == worlds, lives
+    pids = [{r: e[0]["pid"] for r, e in logs[life].items()} for life in lives]
+    kept = {r: pids[0][r] for r in range(min(worlds))}
+    for world in pids:
+        assert {r: world[r] for r in kept} == kept, pids
+    assert [r["pid"] for r in results] == [pids[-1][r] for r in range(worlds[-1])]
     return logs
 
 

@@ -16,7 +16,7 @@ from hora.config import ELASTIC_MAX_RESTARTS, RunConfig
 from hora.engines.base import AttemptSpec
 from hora.errors import WorkerFailedError
 from hora.job.driver import Attempt, Job
-from hora.job.elastic import GrowthWatch, Sizer
+from hora.job.elastic import FreeSlots, Sizer
 from hora.wire import link
 from hora.wire.protocol import (
     Exited,
@@ -111,7 +111,7 @@ def test_resizes_spend_the_restart_budget():
 
 def test_the_growth_watch_asks_once_after_the_count_held_and_only_while_budget_is_left():
     counts = iter([2, 3, 2, 3, 3, 3, 3])
-    watch = GrowthWatch(2, lambda held: next(counts), steady=2.0, poll=1.0)
+    watch = FreeSlots(2, lambda held: next(counts), steady=2.0, poll=1.0)
     due = [watch.due(t) for t in (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)]
     assert due == [False, False, False, False, False, True, False]
     config = RunConfig(np=2, min_np=1, max_np=4, max_restarts=1)

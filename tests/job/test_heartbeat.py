@@ -9,7 +9,7 @@ import time
 import pytest
 
 import hora
-from hora.job.monitor import DEFAULT_SILENCE_SECONDS, SILENCE_VAR, silence_seconds
+from hora.job.silence import DEFAULT_SILENCE_SECONDS, SILENCE_VAR, silence_seconds
 from tests import _workers
 from tests.conftest import wait_for_no_processes
 

@@ -1,0 +1,60 @@
+"""A rank's silence: how long the driver waits for a word from a running rank before it takes
+its host as cut off (or the process as frozen).
+
+A running rank sends a heartbeat every 2 s (hora.rank.worker); without it a cut-off host's ranks
+would wait in their collectives for ever, and the driver with them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from hora.job.failures import Failure
+
+SILENCE_VAR = "HORA_HEARTBEAT_TIMEOUT_SECONDS"
+DEFAULT_SILENCE_SECONDS = 30.0
+
+
+class Heard(Protocol):
+    """What of the monitor the silence is judged from."""
+
+    last_heard: dict[int, float]
+    failures: dict[int, Failure]
+    started: dict[int, str]
+
+
+def silent(
+    heard: Heard, now: float, silence_s: float, finished: Callable[[int], bool]
+) -> dict[int, Failure]:
+    """The failures of the running ranks not heard from for `silence_s` (0: never), each
+    naming its host."""
+    found: dict[int, Failure] = {}
+    if not silence_s:
+        return found
+    for rank, when in heard.last_heard.items():
+        quiet = now - when
+        if quiet < silence_s or rank in heard.failures or finished(rank):
+            continue
+        host = heard.started.get(rank, "?")
+        found[rank] = Failure(
+            rank,
+            f"no word from it for {quiet:.0f} s ({SILENCE_VAR}={silence_s:g}): host {host} is "
+            "unreachable (network cut, or the host is gone) or the process is frozen",
+            "",
+            False,
+            time.time(),
+            subject=f"rank {rank} on host {host}",
+        )
+    return found
+
+
+def silence_seconds() -> float:
+    """How long a running rank may stay silent (0: never judged silent)."""
+    value = os.environ.get(SILENCE_VAR, "")
+    try:
+        return float(value) if value else DEFAULT_SILENCE_SECONDS
+    except ValueError:
+        raise ValueError(f"{SILENCE_VAR}={value!r} is not a number of seconds") from None

@@ -1,0 +1,276 @@
+"""The job's world on the driver: which processes are its ranks, and how it changes in place.
+
+One object and one state machine for an elastic attempt's membership (after torch elastic's
+`WorkerState` and Ray Train v2's controller, whose states return scaling and failure
+decisions): the ranks by process, their hosts, the world's generation, the new ranks on their
+way in. The monitor tells it what happened (a rank started, said whether its `hvd.elastic.run`
+can re-form in place, was lost, waits to join, a world re-formed) and carries out what it
+decides: re-form a world (`ReformWorld`), start new ranks (`StartJoiners`), drop the ranks of a
+growth given up (`Abandon`), or end the attempt so that every rank restarts (`Restart`). It does
+no I/O and reads no clock of its own, so every event can be tried in every state (tests/job).
+
+A process is named by its id (its first rank; a new rank's id is never one used before), its
+rank is its place in `members`. Survivors keep their process and their order: a world re-formed
+after a loss numbers them 0..n-1 in the order they had; new ranks come after the running ones.
+
+What stays a restart of every rank (docs/elastic.md): fewer than `min_np` survivors; a rank
+lost before every rank of the world said it can re-form (its `hvd.elastic.run` has not started:
+the survivors may be inside the first rendezvous or the user's own collectives); a rank that
+failed with its own exception (it would fail again) or is only silent (it may live on).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class Phase(enum.Enum):
+    """Where the world of one attempt is."""
+
+    STARTING = "starting"  # not every rank has said whether it can re-form in place
+    RUNNING = "running"  # every rank trains in the world of `generation`
+    SHRINKING = "shrinking"  # the survivors of a loss were told their places; until rank 0 says
+    GROWING = "growing"  # new ranks start; once all wait, every rank re-forms with them
+    RESTARTING = "restarting"  # the attempt ends; the driver starts every rank again
+    STOPPING = "stopping"  # the attempt is over (succeeded, failed, stopped to grow by restart)
+
+
+class ReformWorld(NamedTuple):
+    """Tell each of `members` (ids, in rank order) its place in the world of `generation`;
+    `grow`: the running ones (`running`) re-form at their next commit, with new ranks that wait
+    (the driver also says `HostsUpdated(generation)`). `renumbered`: old rank -> new rank of
+    every rank kept (the monitor's records follow it)."""
+
+    generation: int
+    members: tuple[int, ...]
+    hosts: tuple[str, ...]
+    grow: bool
+    running: tuple[int, ...]
+    renumbered: dict[int, int]
+    why: str
+
+
+class StartJoiners(NamedTuple):
+    """Start one new rank per `(id, rank)` into the world of `generation`; `running`: the
+    running ranks' ids in rank order (the engine places the new ones beside them)."""
+
+    joiners: tuple[tuple[int, int], ...]
+    running: tuple[int, ...]
+    generation: int
+    why: str
+
+
+class Abandon(NamedTuple):
+    """Close the channels of these ids (new ranks of a growth given up: each kills itself);
+    their ranks (`ranks`, as numbered before) leave the monitor's records."""
+
+    ids: tuple[int, ...]
+    ranks: tuple[int, ...]
+    why: str
+
+
+class Restart(NamedTuple):
+    """The attempt cannot go on in place: it fails, and the driver restarts every rank."""
+
+    why: str
+
+
+Decision = ReformWorld | StartJoiners | Abandon | Restart
+
+
+@dataclass
+class Loss:
+    """A lost rank as the monitor saw it: `gone` (its process ended, or what ran it), and
+    `own` (it failed with its job's own exception: it would fail again)."""
+
+    rank: int
+    gone: bool
+    own: bool = False
+
+
+@dataclass
+class World:
+    """One attempt's membership; `min_np` None: it never re-forms in place (a loss restarts)."""
+
+    np: int
+    min_np: int | None
+    members: list[int] = field(default_factory=list)  # ids in rank order
+    hosts: dict[int, str] = field(default_factory=dict)  # id -> host (its Hello)
+    able: set[int] = field(default_factory=set)  # ids whose hvd.elastic.run can re-form
+    cannot: set[int] = field(default_factory=set)  # ... and those whose run said it cannot
+    no_growth: set[int] = field(default_factory=set)  # ids whose state cannot grow in place
+    generation: int = 0
+    joiners: list[int] = field(default_factory=list)  # new ranks' ids, after the members
+    waiting: set[int] = field(default_factory=set)  # joiners not at the rendezvous yet
+    deadline: float = 0.0  # when the waiting joiners are given up (the caller's clock)
+    grew_at: float = 0.0  # when the growth under way started (the caller's wall clock)
+    gone: set[int] = field(default_factory=set)  # ids lost or abandoned: never a rank again
+    phase: Phase = Phase.STARTING
+    #: the world ordered and not yet confirmed by its rank 0: (generation, before, why, since)
+    pending: tuple[int, int, str, float] | None = None
+    next_id: int = 0
+
+    def __post_init__(self) -> None:
+        self.members = self.members or list(range(self.np))
+        self.next_id = max(self.next_id, self.np)
+
+    # -- who is who ---------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def rank_of(self, pid: int) -> int | None:
+        """The rank now of process `pid` (a joiner's after the members); None once gone."""
+        if pid in self.gone:
+            return None
+        if pid in self.members:
+            return self.members.index(pid)
+        if pid in self.joiners:
+            return len(self.members) + self.joiners.index(pid)
+        return None
+
+    def id_of(self, rank: int) -> int:
+        """The process that is rank `rank` now."""
+        everyone = self.members + [j for j in self.joiners if j not in self.members]
+        return everyone[rank]
+
+    # -- events -------------------------------------------------------------------------------
+    def started(self, pid: int, host: str) -> int | None:
+        """Process `pid` said hello from `host`: its rank, or None (unknown, gone: close it)."""
+        rank = self.rank_of(pid)
+        if rank is not None:
+            self.hosts[pid] = host
+        return rank
+
+    def said(self, pid: int, able: bool, grows: bool) -> None:
+        """Process `pid`'s hvd.elastic.run started and said whether it can re-form in place."""
+        (self.able if able else self.cannot).add(pid)
+        if not grows:
+            self.no_growth.add(pid)
+        if self.phase is Phase.STARTING and all(m in self.able | self.cannot for m in self.members):
+            self.phase = Phase.RUNNING
+
+    def grow(
+        self, size: int, can_add: bool, now: float, wait: float, wall: float = 0.0
+    ) -> StartJoiners | None:
+        """The cluster has room for `size` ranks: start new ones when every running rank can
+        re-form and grow in place (`can_add`: the engine can add ranks); None: grow by a
+        restart instead, or not now."""
+        if not (
+            self.phase is Phase.RUNNING
+            and can_add
+            and self.min_np is not None
+            and size > self.size
+            and all(m in self.able and m not in self.no_growth for m in self.members)
+        ):
+            return None
+        self.generation += 1
+        ids = list(range(self.next_id, self.next_id + size - self.size))
+        self.next_id += len(ids)
+        self.joiners, self.waiting = ids, set(ids)
+        self.deadline, self.grew_at = now + wait, wall
+        self.phase = Phase.GROWING
+        joiners = tuple((pid, self.size + i) for i, pid in enumerate(ids))
+        why = f"free slots for {size} ranks"
+        return StartJoiners(joiners, tuple(self.members), self.generation, why)
+
+    def joined(self, pid: int, now: float) -> ReformWorld | None:
+        """New rank `pid` waits at the larger world's rendezvous; once all do, every running
+        rank is told its place and to re-form at its next commit."""
+        if pid not in self.waiting or self.pending is not None:
+            return None
+        self.waiting.discard(pid)
+        if self.waiting:
+            return None
+        before = self.size
+        running = tuple(self.members)
+        self.members = self.members + self.joiners
+        self.able |= set(self.joiners)  # the running ranks' own code, started where they could
+        why = f"free slots for {self.size} ranks"
+        self.pending = (self.generation, before, why, self.grew_at)
+        identity = {r: r for r in range(self.size)}
+        return self._order(True, running, identity, why)
+
+    def reformed(self, generation: int) -> tuple[int, str, float] | None:
+        """Rank 0 of the world of `generation` says training goes on: (the size before, why,
+        since when), or None for a world given up since."""
+        if self.pending is None or generation != self.pending[0]:
+            return None
+        _, before, why, since = self.pending
+        self.pending = None
+        self.joiners, self.waiting = [], set()
+        self.phase = Phase.RUNNING
+        return before, why, since
+
+    def late(self, now: float) -> Abandon | None:
+        """New ranks that did not reach the rendezvous in time: the growth is given up (the
+        running ranks never heard of it); a later one may start others."""
+        if not self.waiting or self.pending is not None or now < self.deadline:
+            return None
+        return self._abandon("new ranks did not reach the rendezvous in time")
+
+    def lose(self, losses: list[Loss], now: float, why: str) -> list[Decision]:
+        """Ranks (numbered now) were lost. Any loss gives up a growth under way (its new ranks
+        are dropped; the running ones re-form without them if they were told of it); a running
+        rank lost shrinks the world in place when the rest can, else the attempt restarts."""
+        lost = {self.id_of(loss.rank): loss for loss in losses}
+        told = self.pending is not None and bool(self.joiners)  # the running ranks heard of it
+        decisions: list[Decision] = []
+        if self.joiners:
+            decisions.append(self._abandon(f"lost during the growth: {why}"))
+        running_lost = [loss for pid, loss in lost.items() if pid in self.members]
+        survivors = [m for m in self.members if m not in lost]
+        if running_lost and not self._may_shrink(running_lost, survivors):
+            self.phase = Phase.RESTARTING
+            return [*decisions, Restart(why)]
+        if running_lost or told:  # told: the running ranks re-form, without the new ones
+            decisions.append(self._shrink(survivors, now, why))
+        return decisions
+
+    def stop(self) -> None:
+        """The attempt is over: nothing more is decided."""
+        self.phase = Phase.STOPPING
+
+    # -- the decisions ------------------------------------------------------------------------
+    def _may_shrink(self, running_lost: list[Loss], survivors: list[int]) -> bool:
+        """Every lost running rank is gone without a word of its own, and at least min_np
+        survivors run in an hvd.elastic.run that can re-form."""
+        return (
+            self.min_np is not None
+            and self.phase is not Phase.STARTING
+            and len(survivors) >= self.min_np
+            and all(loss.gone and not loss.own for loss in running_lost)
+            and all(m in self.able for m in survivors)
+        )
+
+    def _shrink(self, survivors: list[int], now: float, why: str) -> ReformWorld:
+        before = self.size
+        self.gone |= set(self.members) - set(survivors)
+        renumbered = {self.members.index(m): i for i, m in enumerate(survivors)}
+        self.members = survivors
+        self.generation += 1
+        self.pending = (self.generation, before, why, now)
+        self.phase = Phase.SHRINKING
+        return self._order(False, tuple(survivors), renumbered, why)
+
+    def _abandon(self, why: str) -> Abandon:
+        """Give up the growth under way: its new ranks leave (after the running ones' ranks,
+        whether or not the members already counted them)."""
+        running = [m for m in self.members if m not in self.joiners]
+        ranks = tuple(range(len(running), len(running) + len(self.joiners)))
+        ids = tuple(self.joiners)
+        self.members = running
+        self.gone |= set(ids)
+        self.joiners, self.waiting, self.pending = [], set(), None
+        self.phase = Phase.RUNNING
+        return Abandon(ids, ranks, why)
+
+    def _order(
+        self, grow: bool, running: tuple[int, ...], renumbered: dict[int, int], why: str
+    ) -> ReformWorld:
+        hosts = tuple(self.hosts.get(m, "") for m in self.members)
+        return ReformWorld(
+            self.generation, tuple(self.members), hosts, grow, running, renumbered, why
+        )

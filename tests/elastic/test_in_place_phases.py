@@ -1,0 +1,104 @@
+"""A rank lost in every phase of an elastic run's world on the local engine is survived in place:
+while a new rank starts to grow the world, once the running ranks were told to re-form with it,
+a running rank while a new one starts, rank 0 and a second rank at once. Each kill is timed by
+the job's own marks (tests/elastic/_jobs.py), never by sleeps; each run checks that no rank
+restarted (one attempt), that the survivors kept their processes, that every sample of every
+epoch was trained exactly once in the final model, and that the weights equal one process's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import hora
+from tests.elastic import _jobs
+
+SAMPLES = 96
+
+
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, np: int, **faults) -> tuple:
+    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
+    Path(tmp_path, _jobs.BACK_MARK).touch()  # the local engine's slots are always there
+    plan = _jobs.Plan(
+        str(tmp_path),
+        full=np,
+        samples=SAMPLES,
+        commit_every=3,
+        fault="self",
+        fault_commit=1,
+        wait_for_return=True,
+        **faults,
+    )
+    results = hora.run(_jobs.train, (plan,), np=np, min_np=2, timeout=240, max_restarts=0)
+    steps, worlds, _starts = _jobs.kept_steps(str(tmp_path))
+    assert _jobs.samples_per_epoch(steps) == {e: list(range(SAMPLES)) for e in range(plan.epochs)}
+    want = _jobs.reference(plan, steps)
+    for r in results:
+        for key, value in want.items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-10)
+    return results, worlds
+
+
+def test_a_new_rank_lost_before_it_waits_gives_the_growth_up_and_a_later_one_joins(
+    tmp_path, monkeypatch, capfd
+):
+    """np=3: rank 2 is killed, the two survivors re-form; the first rank started to grow back
+    SIGKILLs itself before init: the growth is given up (the running ranks never heard of it),
+    the next one starts another rank, which joins."""
+    results, worlds = _run(tmp_path, monkeypatch, 3, joiner_fault="before")
+    assert worlds == [3, 2, 3], worlds
+    _jobs.check_survivors(str(tmp_path), results, worlds)
+    err = capfd.readouterr().err
+    assert "hora: giving up the growth in place (lost during the growth: rank 2 failed" in err, err
+    assert "restarting" not in err and "attempt 1 of" not in err, err
+
+
+def test_a_new_rank_lost_once_the_running_ranks_were_told_re_forms_them_without_it(
+    tmp_path, monkeypatch, capfd
+):
+    """The first new rank SIGKILLs itself once its init returned: the running ranks, re-forming
+    with it at their commit, fail to sync; the driver re-forms them alone, then grows again."""
+    results, worlds = _run(tmp_path, monkeypatch, 3, joiner_fault="after_init")
+    assert worlds[0] == 3 and worlds[-1] == 3 and set(worlds[1:-1]) == {2}, worlds
+    _jobs.check_survivors(str(tmp_path), results, worlds)
+    err = capfd.readouterr().err
+    assert "hora: giving up the growth in place" in err, err
+    assert "hora: resizing in place at 2 ranks" in err, err
+    assert "restarting" not in err and "attempt 1 of" not in err, err
+
+
+def test_rank_0_lost_while_a_new_rank_starts_shrinks_without_it_and_grows_back(
+    tmp_path, monkeypatch, capfd
+):
+    """np=4: rank 3 is killed (4 -> 3); while the first new rank starts, rank 0 (holding its
+    commit until the run grows) SIGKILLs itself: the new rank is given up and ranks 1 and 2
+    re-form as ranks 0 and 1 (3 -> 2), in their processes, and train on (a new growth may
+    finish before the run does)."""
+    results, worlds = _run(tmp_path, monkeypatch, 4, joiner_fault="running")
+    assert worlds[:3] == [4, 3, 2] and worlds[3:] in ([], [4]), worlds
+    logs = _jobs.read_logs(str(tmp_path))
+    pids = [{r: e[0]["pid"] for r, e in logs[life].items()} for life in sorted(logs)]
+    for world in pids[2:]:
+        assert [world[0], world[1]] == [pids[1][1], pids[1][2]], pids
+    assert [r["pid"] for r in results] == [pids[-1][r] for r in range(worlds[-1])]
+    err = capfd.readouterr().err
+    assert "hora: giving up the growth in place (lost during the growth: rank 0 failed" in err
+    assert "hora: resizing in place from 3 to 2 ranks" in err, err
+    assert "restarting" not in err and "attempt 1 of" not in err, err
+
+
+def test_rank_0_and_another_rank_lost_at_once_re_form_in_place(tmp_path, monkeypatch, capfd):
+    """np=4: ranks 0 and 2 SIGKILL themselves at the same step: ranks 1 and 3 become ranks 0
+    and 1 of a world of 2, in their processes, and the run grows back to 4."""
+    results, worlds = _run(tmp_path, monkeypatch, 4, fault_ranks=(0, 2))
+    assert worlds == [4, 2, 4], worlds
+    logs = _jobs.read_logs(str(tmp_path))
+    pids = [{r: e[0]["pid"] for r, e in logs[life].items()} for life in sorted(logs)]
+    assert [pids[1][0], pids[1][1]] == [pids[0][1], pids[0][3]], pids  # order kept
+    assert [pids[2][0], pids[2][1]] == [pids[0][1], pids[0][3]], pids
+    assert [r["pid"] for r in results][:2] == [pids[0][1], pids[0][3]]
+    err = capfd.readouterr().err
+    assert "hora: resizing in place from 4 to 2 ranks" in err, err
+    assert "restarting" not in err and "attempt 1 of" not in err, err

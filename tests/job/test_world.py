@@ -1,0 +1,248 @@
+"""The job's world (`hora.job.world`): every event in every state, and random sequences of
+events against its invariants (ranks 0..n-1 without gaps, survivors keep their process and
+order, no world below min_np, no decision that drops a running rank that is not lost)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hora.job.world import (
+    Abandon,
+    Loss,
+    Phase,
+    ReformWorld,
+    Restart,
+    StartJoiners,
+    World,
+)
+
+
+def running(np: int = 4, min_np: int | None = 2) -> World:
+    world = World(np, min_np)
+    for pid in range(np):
+        assert world.started(pid, f"h{pid % 2}") == pid
+        world.said(pid, able=True, grows=True)
+    assert world.phase is Phase.RUNNING
+    return world
+
+
+def growing(world: World, size: int) -> StartJoiners:
+    start = world.grow(size, can_add=True, now=0.0, wait=60.0)
+    assert isinstance(start, StartJoiners)
+    for pid, _rank in start.joiners:
+        world.started(pid, "h9")
+    return start
+
+
+def test_the_world_starts_until_every_rank_said_whether_it_can_re_form():
+    world = World(3, 2)
+    world.said(0, able=True, grows=True)
+    world.said(1, able=False, grows=False)
+    assert world.phase is Phase.STARTING
+    world.said(2, able=True, grows=True)
+    assert world.phase is Phase.RUNNING
+
+
+def test_a_rank_lost_while_the_world_starts_restarts_every_rank():
+    world = World(3, 2)
+    world.said(0, able=True, grows=True)
+    decisions = world.lose([Loss(2, gone=True)], 0.0, "rank 2 failed")
+    assert decisions == [Restart("rank 2 failed")]
+    assert world.phase is Phase.RESTARTING
+
+
+@pytest.mark.parametrize("lost", [[0], [1], [3], [0, 3], [1, 2]])
+def test_lost_ranks_survivors_re_form_in_their_order_and_keep_their_processes(lost):
+    world = running(4, 2)
+    [order] = world.lose([Loss(r, gone=True) for r in lost], 5.0, "lost")
+    assert isinstance(order, ReformWorld) and not order.grow
+    survivors = tuple(p for p in range(4) if p not in lost)
+    assert order.members == order.running == survivors
+    assert order.renumbered == {old: new for new, old in enumerate(survivors)}
+    assert (order.generation, world.phase) == (1, Phase.SHRINKING)
+    assert [world.rank_of(p) for p in survivors] == list(range(len(survivors)))
+    assert all(world.rank_of(p) is None for p in lost)
+    assert world.reformed(0) is None  # an older world's word
+    assert world.reformed(1) == (4, "lost", 5.0)
+    assert world.phase is Phase.RUNNING
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        [Loss(1, gone=True), Loss(2, gone=True), Loss(3, gone=True)],  # 1 left of min_np=2
+        [Loss(1, gone=True, own=True)],  # the job's own exception: it would fail again
+        [Loss(1, gone=False)],  # only silent: it may live on
+    ],
+)
+def test_what_cannot_re_form_restarts(losses):
+    world = running(4, 2)
+    assert world.lose(losses, 0.0, "why") == [Restart("why")]
+
+
+def test_a_world_that_never_re_forms_restarts_on_any_loss():
+    world = running(2, None)
+    assert world.lose([Loss(1, gone=True)], 0.0, "x") == [Restart("x")]
+    assert world.grow(4, can_add=True, now=0, wait=1) is None
+
+
+def test_a_survivor_that_cannot_re_form_restarts():
+    world = World(3, 2)
+    for pid in range(3):
+        world.said(pid, able=pid != 0, grows=True)
+    assert world.lose([Loss(2, gone=True)], 0.0, "x") == [Restart("x")]
+
+
+def test_a_rank_lost_while_the_survivors_re_form_gives_a_newer_world():
+    world = running(4, 2)
+    world.lose([Loss(3, gone=True)], 0.0, "first")
+    [order] = world.lose([Loss(0, gone=True)], 1.0, "second")
+    assert isinstance(order, ReformWorld)
+    assert (order.members, order.generation) == ((1, 2), 2)
+    assert order.renumbered == {1: 0, 2: 1}
+    assert world.reformed(1) is None and world.reformed(2) is not None
+
+
+def test_a_growth_starts_new_ranks_then_re_forms_every_rank_with_them():
+    world = running(2, 1)
+    start = growing(world, 4)
+    assert start.joiners == ((2, 2), (3, 3)) and start.running == (0, 1)
+    assert (start.generation, world.phase) == (1, Phase.GROWING)
+    assert world.rank_of(3) == 3 and world.size == 2
+    assert world.joined(2, 1.0) is None  # not every new rank waits yet
+    order = world.joined(3, 1.0)
+    assert isinstance(order, ReformWorld) and order.grow
+    assert (order.members, order.running, order.generation) == ((0, 1, 2, 3), (0, 1), 1)
+    assert order.hosts == ("h0", "h1", "h9", "h9")
+    assert world.reformed(1) is not None
+    assert (world.phase, world.size, world.joiners) == (Phase.RUNNING, 4, [])
+
+
+def test_a_growth_is_refused_where_a_rank_cannot_grow_or_the_engine_cannot_add():
+    world = running(2, 1)
+    assert world.grow(3, can_add=False, now=0, wait=1) is None
+    assert world.grow(2, can_add=True, now=0, wait=1) is None  # no larger
+    world.said(1, able=True, grows=False)
+    assert world.grow(3, can_add=True, now=0, wait=1) is None
+    assert world.phase is Phase.RUNNING and world.generation == 0
+
+
+def test_a_new_rank_lost_before_it_waits_gives_the_growth_up_and_the_running_ranks_go_on():
+    world = running(2, 1)
+    growing(world, 4)
+    [abandon] = world.lose([Loss(3, gone=True)], 2.0, "rank 3 failed")
+    assert isinstance(abandon, Abandon)
+    assert (abandon.ids, abandon.ranks) == ((2, 3), (2, 3))
+    assert (world.phase, world.members, world.size) == (Phase.RUNNING, [0, 1], 2)
+    assert world.rank_of(2) is None and world.started(2, "h9") is None  # ends itself
+    again = growing(world, 3)  # a later growth: new ids, a newer world
+    assert again.joiners == ((4, 2),) and again.generation == 2
+
+
+def test_new_ranks_that_are_late_give_the_growth_up():
+    world = running(2, 1)
+    growing(world, 3)
+    assert world.late(now=59.0) is None
+    abandon = world.late(now=61.0)
+    assert isinstance(abandon, Abandon) and abandon.ids == (2,)
+    assert world.phase is Phase.RUNNING
+
+
+def test_a_running_rank_lost_while_new_ranks_start_shrinks_without_them():
+    world = running(3, 2)
+    growing(world, 4)
+    abandon, order = world.lose([Loss(0, gone=True)], 3.0, "rank 0 failed")
+    assert isinstance(abandon, Abandon) and abandon.ids == (3,)
+    assert isinstance(order, ReformWorld) and not order.grow
+    assert order.members == (1, 2) and order.generation == 2
+    assert order.renumbered == {1: 0, 2: 1}
+
+
+def test_a_new_rank_lost_after_the_running_ranks_were_told_re_forms_them_alone():
+    world = running(2, 1)
+    growing(world, 4)
+    world.joined(2, 1.0)
+    world.joined(3, 1.0)
+    abandon, order = world.lose([Loss(3, gone=True)], 3.0, "rank 3 failed")
+    assert isinstance(abandon, Abandon) and abandon.ranks == (2, 3)
+    assert isinstance(order, ReformWorld) and not order.grow
+    assert (order.members, order.generation, order.renumbered) == ((0, 1), 2, {0: 0, 1: 1})
+    assert world.reformed(1) is None  # the given-up world's rank 0 is not heard
+    assert world.reformed(2) is not None and world.size == 2
+
+
+# -- random sequences ------------------------------------------------------------------------
+event = st.one_of(
+    st.tuples(st.just("lose"), st.lists(st.integers(0, 7), min_size=1, max_size=3), st.booleans()),
+    st.tuples(st.just("grow"), st.integers(1, 8)),
+    st.tuples(st.just("join"), st.integers(0, 7)),
+    st.tuples(st.just("reformed")),
+    st.tuples(st.just("late")),
+)
+
+
+def _apply(world: World, kind: str, args: list, clock: int, used: set[int]) -> tuple[list, set]:
+    """One event on the world: its decisions, and the processes it was told were lost."""
+    if kind == "lose":
+        everyone = world.size + len([j for j in world.joiners if j not in world.members])
+        ranks = sorted({r % everyone for r in args[0]})
+        losses = [Loss(r, gone=args[1] or r % 2 == 0) for r in ranks]
+        lost = {world.id_of(r) for r in ranks}
+        decisions = world.lose(losses, float(clock), "lost")
+        if any(isinstance(d, Restart) for d in decisions):
+            survivors = set(world.members) - lost
+            assert len(survivors) < world.min_np or any(not loss.gone for loss in losses), (
+                "a restart while the world could re-form"
+            )
+        return decisions, lost
+    if kind == "grow":
+        before = world.size
+        start = world.grow(args[0], can_add=True, now=float(clock), wait=3.0)
+        if start is None:
+            return [], set()
+        ids = {pid for pid, _ in start.joiners}
+        assert not ids & used, "a process id used twice"
+        used |= ids
+        assert [r for _, r in start.joiners] == list(range(before, args[0]))
+        return [start], set()
+    decision = None
+    if kind == "join" and world.joiners:
+        decision = world.joined(world.joiners[args[0] % len(world.joiners)], float(clock))
+    elif kind == "reformed" and world.pending is not None:
+        world.reformed(world.pending[0])
+    elif kind == "late":
+        decision = world.late(float(clock))
+    return ([decision] if decision is not None else []), set()
+
+
+@settings(max_examples=300, deadline=None)
+@given(np=st.integers(1, 6), min_np=st.integers(1, 4), events=st.lists(event, max_size=25))
+def test_random_events_keep_the_world_whole(np, min_np, events):
+    world = running(np, min_np)
+    used: set[int] = set(range(np))
+    generation = 0
+    for clock, (kind, *args) in enumerate(events):
+        before, joiners = list(world.members), list(world.joiners)
+        decisions, lost = _apply(world, kind, args, clock, used)
+        if any(isinstance(d, Restart) for d in decisions):
+            assert world.phase is Phase.RESTARTING
+            return
+        for decision in decisions:
+            if isinstance(decision, ReformWorld):
+                assert decision.generation > generation
+                generation = decision.generation
+                assert len(decision.members) >= (1 if decision.grow else min_np)
+                assert set(decision.members) <= set(before) | set(joiners)
+            if isinstance(decision, Abandon):
+                assert set(decision.ids) == set(joiners)
+        # ranks 0..n-1 without gaps, in the order the processes had
+        assert [world.rank_of(p) for p in world.members] == list(range(world.size))
+        assert world.size >= min(min_np, np)
+        kept = [p for p in before if p in world.members]
+        assert kept == sorted(kept, key=before.index)
+        # survivors keep their process: only the lost (and new ranks given up) leave
+        assert set(before) - set(world.members) <= (lost & set(before)) | set(joiners)
+        assert not lost & set(world.members)
+        assert not world.gone & (set(world.members) | set(world.joiners))
