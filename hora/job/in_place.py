@@ -201,11 +201,18 @@ def resized(world: World, generation: int, size: int, commit: int) -> ResizedInP
     if known is None:
         return None
     before, why, since = known
-    seconds = time.time() - since
+    now = time.time()
+    seconds = now - since
     say(
         f"resized in place from {before} to {size} ranks in {seconds:.1f} s ({why}); the ranks "
         f"went on from commit {commit}"
     )
+    if world.joined_at:  # a growth: what was the new ranks' own start, what the running ranks'
+        say(
+            f"growth from {before} to {size} ranks: the new ranks' start (process, imports, "
+            f"init) {world.joined_at - since:.1f} s, then the running ranks' way to their next "
+            f"commit and the sync {now - world.joined_at:.1f} s"
+        )
     return ResizedInPlace(before, size, seconds, commit, why)
 
 

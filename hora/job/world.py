@@ -106,6 +106,7 @@ class World:
     waiting: set[int] = field(default_factory=set)  # joiners not at the rendezvous yet
     deadline: float = 0.0  # when the waiting joiners are given up (the caller's clock)
     grew_at: float = 0.0  # when the growth under way started (the caller's wall clock)
+    joined_at: float = 0.0  # ... and when its last new rank waited (0: not yet, or a shrink)
     gone: set[int] = field(default_factory=set)  # ids lost or abandoned: never a rank again
     phase: Phase = Phase.STARTING
     #: the world ordered and not yet confirmed by its rank 0: (generation, before, why, since)
@@ -170,7 +171,7 @@ class World:
         ids = list(range(self.next_id, self.next_id + size - self.size))
         self.next_id += len(ids)
         self.joiners, self.waiting = ids, set(ids)
-        self.deadline, self.grew_at = now + wait, wall
+        self.deadline, self.grew_at, self.joined_at = now + wait, wall, 0.0
         self.phase = Phase.GROWING
         joiners = tuple((pid, self.size + i) for i, pid in enumerate(ids))
         why = f"free slots for {size} ranks"
@@ -188,6 +189,7 @@ class World:
         running = tuple(self.members)
         self.members = self.members + self.joiners
         self.able |= set(self.joiners)  # the running ranks' own code, started where they could
+        self.joined_at = now
         why = f"free slots for {self.size} ranks"
         self.pending = (self.generation, before, why, self.grew_at)
         identity = {r: r for r in range(self.size)}
@@ -199,6 +201,8 @@ class World:
         if self.pending is None or generation != self.pending[0]:
             return None
         _, before, why, since = self.pending
+        if not self.joiners:
+            self.joined_at = 0.0
         self.pending = None
         self.joiners, self.waiting = [], set()
         self.phase = Phase.RUNNING

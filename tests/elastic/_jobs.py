@@ -435,6 +435,12 @@ def check_grew_in_place(err: str, small: int, full: int, commit: int) -> None:
         rf"{full} ranks\); the ranks went on from commit {commit}",
         err,
     ), err
+    assert re.search(
+        rf"hora: growth from {small} to {full} ranks: the new ranks' start \(process, imports, "
+        r"init\) [0-9.]+ s, then the running ranks' way to their next commit and the sync "
+        r"[0-9.]+ s",
+        err,
+    ), err
 
 
 def samples_per_epoch(steps: list[Step]) -> dict[int, list[int]]:
