@@ -19,6 +19,7 @@ decoded in a loop in this process) as the ceiling.
 
     .venv/bin/python bench/data_images.py                        # K = 1 and 2, 2,000 images
     .venv/bin/python bench/data_images.py --workers 1,2,4,8,14 --images 20000   # a big host
+    python3 bench/data_images.py --contenders hora,torch --device cuda       # onto a GPU
 """
 
 from __future__ import annotations
@@ -57,9 +58,8 @@ def decode(batch: dict[str, Any]) -> dict[str, Any]:
     return {"image": np.stack([decode_one(b) for b in batch["image"]]), "label": batch["label"]}
 
 
-def write(folder: Path, count: int, group: int) -> tuple[Path, Path, list[bytes]]:
-    from streaming import MDSWriter
-
+def write(folder: Path, count: int, group: int, mds: bool) -> tuple[Path, Path, list[bytes]]:
+    """The images as Parquet, and as MDS where Mosaic runs (a host without it skips it)."""
     from tests.data._images import jpeg
 
     images = [jpeg(i, SIDE) for i in range(count)]
@@ -68,11 +68,14 @@ def write(folder: Path, count: int, group: int) -> tuple[Path, Path, list[bytes]
     )
     parquet = folder / "images.parquet"
     pq.write_table(table, parquet, row_group_size=group)
-    mds = folder / "mds"
-    with MDSWriter(out=str(mds), columns={"label": "int64", "image": "bytes"}) as out:
-        for i, data in enumerate(images):
-            out.write({"label": i % 10, "image": data})
-    return parquet, mds, images
+    where = folder / "mds"
+    if mds:
+        from streaming import MDSWriter
+
+        with MDSWriter(out=str(where), columns={"label": "int64", "image": "bytes"}) as out:
+            for i, data in enumerate(images):
+                out.write({"label": i % 10, "image": data})
+    return parquet, where, images
 
 
 class RowGroups(torch.utils.data.Dataset):
@@ -95,23 +98,37 @@ class RowGroups(torch.utils.data.Dataset):
         return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
 
 
+DEVICE: str | None = None  # --device: every contender's batches end on it (pinned copies)
+
+
+def landed(batch: dict[str, Any]) -> int:
+    """The batch's image count, once its tensors are on DEVICE when one is named."""
+    if DEVICE is not None:
+        if batch["image"].device.type == "cpu":
+            batch = {k: v.to(DEVICE, non_blocking=True) for k, v in batch.items()}
+        torch.cuda.current_stream().synchronize()
+    return len(batch["label"])
+
+
 def hora_epoch(path: Path, batch: int, workers: int, shuffle: bool) -> int:
     import hora.data
 
     loader = hora.data.from_parquet(path).loader(
-        batch, shuffle=shuffle, transform=decode, num_workers=workers, rank=0, size=1
-    )
+        batch, shuffle=shuffle, transform=decode, num_workers=workers, rank=0, size=1,
+        pin_memory=DEVICE is not None, device=DEVICE,
+    )  # fmt: skip
     try:
-        return sum(len(b["label"]) for b in loader)
+        return sum(landed(b) for b in loader)
     finally:
         loader.close()
 
 
 def torch_epoch(path: Path, batch: int, workers: int) -> int:
     loader = torch.utils.data.DataLoader(
-        RowGroups(path), batch_size=None, shuffle=True, num_workers=workers
-    )
-    return sum(len(b["label"]) for b in loader)
+        RowGroups(path), batch_size=None, shuffle=True, num_workers=workers,
+        pin_memory=DEVICE is not None,
+    )  # fmt: skip
+    return sum(landed(b) for b in loader)
 
 
 def mosaic_epoch(mds: Path, batch: int, workers: int) -> int:
@@ -176,12 +193,15 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--contenders", default="hora,torch,mosaic")
+    parser.add_argument("--device", help="e.g. cuda: batches copied there from pinned memory")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
     counts = [int(k) for k in args.workers.split(",")]
     kinds = args.contenders.split(",")
     root = Path(tempfile.mkdtemp(prefix="hora-bench-images-"))
     try:
-        parquet, mds, images = write(root, args.images, args.group)
+        parquet, mds, images = write(root, args.images, args.group, "mosaic" in kinds)
         start = time.perf_counter()
         for data in images[: min(500, len(images))]:
             decode_one(data)
