@@ -7,19 +7,24 @@ job compares hora.torch's DistributedOptimizer with one process; then the doors 
 cluster: TorchEstimator's fit and transform, MirroredStrategyRunner's TF_CONFIG and a
 MultiWorkerMirroredStrategy step, DeepSpeed ZeRO-2 against one process, and Lightning's Trainer and
 Fabric in both layouts against pyspark's own TorchDistributor. Each test names the hosts its ranks
-ran on.
+ran on. Last, a driver of its own SIGKILLed mid-run: its ranks on both hosts end with it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 
 import hora
+from tests import _driver_death
 from tests.cluster import _jobs
 from tests.cluster._checks import (
     assert_spread,
@@ -28,7 +33,7 @@ from tests.cluster._checks import (
     placement_table,
 )
 from tests.cluster._cluster import Cluster
-from tests.cluster.conftest import CORES, HOSTS, note, timed
+from tests.cluster.conftest import CORES, HOSTS, note, timed, wait_for_spark_executors
 from tests.collectives import _cases
 
 pytestmark = [pytest.mark.cluster, pytest.mark.spark]
@@ -363,3 +368,79 @@ def test_lightning_both_layouts_one_task_per_host_as_under_pyspark(spark_cluster
         for case in cases.values():  # [global rank, local rank, node rank, world size]
             assert case["environment"] == "TorchElasticEnvironment", cases
             assert case["ranks"] == [rank, 0, rank, 2], cases
+
+
+# ----- a killed driver ---------------------------------------------------------------------------
+@contextlib.contextmanager
+def slots_for_another_driver() -> Iterator[None]:
+    """This process's executors stopped, its SparkSession kept, so that another driver's
+    application gets every slot of the cluster; its executors started again after."""
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    assert sc is not None
+    scala = sc._jsc.sc()
+    scala.killExecutors(scala.getExecutorIds())  # and the application's executor limit: 0
+    try:
+        wait_until(lambda: scala.getExecutorMemoryStatus().size() == 1, "executors killed")
+        yield
+    finally:
+        scala.requestExecutors(HOSTS)
+        wait_for_spark_executors(sc, HOSTS)
+
+
+def wait_until(done: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
+    """Until `done()`; fails, saying `what` did not happen, after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        assert time.monotonic() < deadline, f"not {what} after {seconds} s"
+        time.sleep(0.1)
+
+
+def segments_on_hosts(cluster: Cluster) -> dict[str, set[str]]:
+    """hora's shared-memory segments in each host's own /dev/shm."""
+    found = {}
+    for host in cluster.hosts:
+        names = cluster.network.run(host, ["ls", "-A", "/dev/shm"]).split()
+        found[host.name] = {name for name in names if name.startswith("hora")}
+    return found
+
+
+def test_a_killed_drivers_ranks_on_every_host_are_gone_within_seconds(spark_cluster, tmp_path):
+    """A driver of its own (its own SparkSession and application on this cluster, 4 ranks, 2
+    per host) SIGKILLed mid-run: the ranks on both hosts (and the child each started) see its
+    channel close and are gone within seconds, in far less than the heartbeat silence time;
+    its executor JVMs and their Python workers end too, and no host's /dev/shm keeps the
+    segment its ranks met in."""
+    cluster = spark_cluster
+    address = cluster.driver_address
+    conf = {
+        "spark.driver.host": address,
+        "spark.driver.bindAddress": address,
+        "spark.executor.memory": "512m",
+        "spark.executor.cores": str(CORES),
+    }
+    segments = segments_on_hosts(cluster)
+    with slots_for_another_driver():
+        driver = _driver_death.start_driver(
+            tmp_path, "spark", str(tmp_path), cluster.spark_master, str(NP), json.dumps(conf)
+        )
+        try:
+            with timed(f"spark: a killed driver's own session and job (np={NP}) up"):
+                ranks = _driver_death.wait_for_ranks(driver, np=NP)
+            hosts = {r["host"] for r in ranks}
+            assert hosts == {h.name for h in cluster.hosts}, ranks
+            assert len(driver.executors()) == HOSTS  # they carry its tag, on the hosts too
+            assert all(r["shm"] for r in ranks), ranks  # each host's ranks met in shared memory
+            pids = [pid for r in ranks for pid in (r["pid"], r["child"])]
+            took = _driver_death.kill_and_time(driver, pids)
+            rest, left = _driver_death.wait_until_gone(driver.tagged, 30)
+        finally:
+            driver.stop()
+    said = (
+        f"spark: a killed driver's ranks on {len(hosts)} hosts gone {took:.2f} s after, its "
+        f"executors and their Python workers {took + rest:.2f} s after"
+    )
+    note(said)
+    assert not left, left
+    assert segments_on_hosts(cluster) == segments

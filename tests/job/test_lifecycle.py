@@ -11,7 +11,7 @@ import threading
 import time
 
 import hora
-from tests import _workers
+from tests import _driver_death, _workers
 from tests.conftest import tagged_processes, wait_for_no_processes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,12 +44,26 @@ def test_ctrl_c_on_the_driver_stops_every_worker():
     assert not wait_for_no_processes(timeout=5)
 
 
-def test_workers_die_with_a_killed_driver():
-    driver = _start_driver()
-    assert len(tagged_processes()) >= 3  # the driver and its two workers
-    driver.kill()  # no cleanup code runs in the driver: the workers must notice by themselves
-    driver.wait()
-    assert not wait_for_no_processes(timeout=10)
+def test_a_killed_drivers_ranks_and_their_children_are_gone_within_seconds(tmp_path):
+    """The driver SIGKILLed mid-run (no code of it runs): both ranks see its channel close and
+    kill their process groups, the child each started with them, in far less than the
+    heartbeat silence time; the shared memory they met in was unlinked once mapped, so
+    nothing of the run is left in /dev/shm either."""
+    segments = _driver_death.hora_segments()
+    driver = _driver_death.start_driver(tmp_path, "local", str(tmp_path))
+    try:
+        ranks = _driver_death.wait_for_ranks(driver, np=2)
+        assert {r["parent"] for r in ranks} == {driver.proc.pid}, ranks
+        assert all(r["shm"] for r in ranks), ranks  # they did meet in shared memory
+        pids = [pid for r in ranks for pid in (r["pid"], r["child"])]
+        took = _driver_death.kill_and_time(driver, pids)
+        left = driver.tagged()
+    finally:
+        driver.stop()
+    print(f"local: the ranks and their children gone {took:.2f} s after the driver was killed")
+    assert not left
+    assert not _driver_death.segments_left(ranks)
+    assert _driver_death.hora_segments() <= segments
 
 
 def _fd_count() -> int:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import hora
-from tests import _workers
+from tests import _driver_death, _workers
 from tests.elastic import _jobs as _elastic
 from tests.ray import _jobs
 from tests.ray.conftest import live_actors, live_placement_groups, ray, start_ray, stop_ray
@@ -212,3 +212,40 @@ def test_cli_runs_a_script_on_the_cluster_at_ray_address(tmp_path):
     assert done.returncode == 0, done.stderr
     for rank in (0, 1):
         assert f"rank {rank} sum 3.0 ['--lr', '1']" in done.stdout
+
+
+def test_a_killed_drivers_ranks_actors_and_placement_group_are_gone(tmp_path):
+    """A driver of its own, connected to this head (which outlives it), runs 2 ranks and is
+    SIGKILLed: the ranks (and the child each started) are gone within seconds, and Ray ends the
+    job's actors (their processes too) and removes its placement group: every CPU is free."""
+    cpus = ray.cluster_resources()["CPU"]
+    address = ray.get_runtime_context().gcs_address
+    driver = _driver_death.start_driver(tmp_path, "ray", str(tmp_path), address)
+    try:
+        ranks = _driver_death.wait_for_ranks(driver, np=2)
+        actors = _driver_death.running({r["parent"] for r in ranks})  # RankSupervisor's
+        assert len(actors) == 2 and len(live_actors()) == 2, (ranks, live_actors())
+        assert len(live_placement_groups()) == 1, live_placement_groups()
+        assert all(r["shm"] for r in ranks), ranks  # one node: they met in shared memory
+
+        def held() -> list:
+            free = ray.available_resources().get("CPU", 0)
+            cpu = [f"{cpus - free} CPUs"] if free < cpus else []
+            return (
+                _driver_death.still_running(actors) + live_actors() + live_placement_groups() + cpu
+            )
+
+        took = _driver_death.kill_and_time(
+            driver, [p for r in ranks for p in (r["pid"], r["child"])]
+        )
+        rest, left = _driver_death.wait_until_gone(held, 30)
+        stray = driver.tagged()
+    finally:
+        driver.stop()
+    print(
+        f"ray: the ranks and their children gone {took:.2f} s after the driver was killed, the "
+        f"actors, their processes and the placement group {took + rest:.2f} s after"
+    )
+    assert not left, left
+    assert not stray
+    assert not _driver_death.segments_left(ranks)
