@@ -8,9 +8,19 @@ STAMP := $(VENV)/.installed
 # DeepSpeed's ops for each other (the multi-host tests' hosts put the venv first too).
 WITH_VENV_TOOLS := PATH="$(abspath $(VENV))/bin:$$PATH"
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup nftables demo test lint bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) nftables
+
+# nftables' `nft`: the multi-host tests (tests/cluster, root only) make a host's link lossy, or
+# drop everything on it for a while, with nft rules (kernels without netem have no other way).
+# Installed by root where apt-get is (as on CI); nothing is done where `nft` is there already,
+# and nothing as another user (those tests are skipped without root).
+nftables:
+	@command -v nft >/dev/null || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null 2>&1 || \
+		{ apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
 
 # torch==2.13.0 goes in first and alone: anything that pulls a plain `torch` later is then satisfied
 # and pip does not download a multi-GB CUDA build. DeepSpeed is an sdist whose setup imports torch

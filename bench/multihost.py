@@ -148,16 +148,19 @@ def worker(
 
 
 def _shape(cluster: Cluster, text: str) -> str:
-    """Shape every link; without netem (the delay), the rate alone. What was applied."""
+    """Shape every link; without netem (the delay), the rate and loss alone. What was
+    applied."""
     shape = Shape.parse(text)
     try:
         cluster.shape(shape)
         return text
     except ShapingUnsupported as exc:
-        if shape.rate is None:
+        if shape.rate is None and not shape.loss_pct:
             raise
-        cluster.shape(Shape(shape.rate))
-        return f"{shape.rate} ({exc}: no delay)"
+        cluster.shape(Shape(shape.rate, loss_pct=shape.loss_pct))
+        loss = f"{shape.loss_pct:g}%" if shape.loss_pct else None
+        applied = ",".join(part for part in (shape.rate, loss) if part)
+        return f"{applied} ({exc}: no delay)"
 
 
 def _start_spark(cluster: Cluster) -> Any:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import hora
-from hora.job.monitor import DEFAULT_SILENCE_SECONDS, SILENCE_VAR
+from hora.job.silence import DEFAULT_SILENCE_SECONDS, SILENCE_VAR
 from tests.cluster import _jobs
 from tests.cluster._cluster import Cluster
 from tests.cluster._hosts import Host

@@ -5,9 +5,11 @@
         cluster.ray_address    # 10.213.57.1:PORT
         cluster.cut_off("host2"); cluster.restore("host2")
         cluster.shape(Shape("1gbit", delay_ms=0.2)); cluster.clear_shape()
+        cluster.shape(Shape(loss_pct=5), ["host2"]); cluster.lost("host2")
 
-`stop()` removes everything (processes, namespaces, bridge, /etc/netns files, qdiscs), and runs
-however `start()` or the test ended: on an exception, at interpreter exit, and on SIGTERM.
+`stop()` removes everything (processes, namespaces, bridge, /etc/netns files, qdiscs, nftables
+tables), and runs however `start()` or the test ended: on an exception, at interpreter exit, and
+on SIGTERM.
 """
 
 from __future__ import annotations
@@ -198,6 +200,11 @@ class Cluster:
     def clear_shape(self) -> None:
         assert self.network is not None
         self.network.clear_shape()
+
+    def lost(self, name: str) -> tuple[int, int]:
+        """(packets, of them dropped) on the host's lossy link, both ways, since it was shaped."""
+        assert self.network is not None
+        return self.network.lost(self.host(name))
 
 
 def _main_thread() -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import ipaddress
+import json
 import os
 import re
 import shutil
@@ -51,7 +52,8 @@ class ClusterUnavailable(RuntimeError):
 
 
 class ShapingUnsupported(RuntimeError):
-    """The kernel lacks a qdisc the shape asks for (netem for delay, jitter and loss)."""
+    """The kernel lacks what the shape asks for: netem (delay, jitter), nf_tables' netdev
+    ingress hook (loss)."""
 
 
 def why_unavailable() -> str | None:
@@ -191,8 +193,9 @@ def _links(prefix: str) -> list[str]:
 
 def clean_slot(slot: Slot, keep_logs: bool = False) -> None:
     """Remove everything of this slot: processes, namespaces, links (their qdiscs go with
-    them), /etc/netns folders and (unless `keep_logs`: the last run's, for a post-mortem) the
-    slot's folder of logs and work files. Safe to run on a clean slot."""
+    them), its lossy links' nftables tables, /etc/netns folders and (unless `keep_logs`: the
+    last run's, for a post-mortem) the slot's folder of logs and work files. Safe to run on a
+    clean slot."""
     prefix = slot.prefix
     namespaces = _namespaces(prefix)
     in_namespaces = [
@@ -205,6 +208,8 @@ def clean_slot(slot: Slot, keep_logs: bool = False) -> None:
         sh("ip", "netns", "del", ns, check=False)
     for link in _links(prefix):
         sh("ip", "link", "del", link, check=False)
+    for table in _loss_tables(prefix):  # the hosts' own go with their namespaces
+        sh("nft", "delete", "table", "netdev", table, check=False)
     for folder in Path("/etc/netns").glob(f"{prefix}-*"):
         shutil.rmtree(folder, ignore_errors=True)
     with contextlib.suppress(OSError):
@@ -216,12 +221,13 @@ def clean_slot(slot: Slot, keep_logs: bool = False) -> None:
 # ----- shaping --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Shape:
-    """What a link does to traffic: a rate (tbf), and delay, jitter and loss (netem)."""
+    """What a link does to traffic: a rate (tbf), delay and jitter (netem), and random loss
+    (nftables: many kernels, this one among them, have no netem)."""
 
     rate: str | None = None  # tc's units: "1gbit", "100mbit"
     delay_ms: float = 0.0
     jitter_ms: float = 0.0
-    loss_pct: float = 0.0
+    loss_pct: float = 0.0  # of the packets each way; 100: the link drops everything
 
     @classmethod
     def parse(cls, text: str) -> Shape:
@@ -240,29 +246,42 @@ class Shape:
                 raise ValueError(f"{item!r} in --shape {text!r}: expected e.g. 1gbit, 5ms, 1%")
         if len(times) > 2:
             raise ValueError(f"--shape {text!r}: at most a delay and a jitter")
+        if not 0 <= loss <= 100:
+            raise ValueError(f"--shape {text!r}: a loss is 0% to 100%")
         delay, jitter = ([*times, 0.0, 0.0])[:2]
         return cls(rate, delay, jitter, loss)
 
     @property
     def needs_netem(self) -> bool:
-        return bool(self.delay_ms or self.jitter_ms or self.loss_pct)
+        return bool(self.delay_ms or self.jitter_ms)
+
+    @property
+    def needs_qdisc(self) -> bool:
+        return self.rate is not None or self.needs_netem
 
     def qdisc(self) -> list[str]:
-        """The `tc qdisc replace ... root` arguments for this shape."""
+        """The `tc qdisc replace ... root` arguments for this shape's rate, delay and jitter
+        (its loss is nftables' rules: `loss_rules`)."""
         if not self.needs_netem:
             if self.rate is None:
-                raise ValueError("an empty shape: clear it instead")
+                raise ValueError("no rate, delay or jitter: no qdisc")
             # A burst of 4 ms at the rate, and never less than a 64 KiB GSO segment.
             burst = max(_bits_per_second(self.rate) // 8 // 250, 128 * 1024)
             return ["tbf", "rate", self.rate, "burst", str(burst), "latency", "50ms"]
         netem = ["netem", "delay", f"{self.delay_ms}ms"]
         if self.jitter_ms:
             netem += [f"{self.jitter_ms}ms"]
-        if self.loss_pct:
-            netem += ["loss", f"{self.loss_pct}%"]
         if self.rate:
             netem += ["rate", self.rate]
         return netem
+
+    def loss_rules(self) -> list[str]:
+        """The nft rules of a chain that drops `loss_pct`% of its packets at random: a counter
+        of every packet, then one of the dropped (`Network.lost` reads them)."""
+        if self.loss_pct >= 100:
+            return ["counter", "counter drop"]
+        per_10000 = round(self.loss_pct * 100)
+        return ["counter", f"numgen random mod 10000 < {per_10000} counter drop"]
 
 
 def _bits_per_second(rate: str) -> int:
@@ -460,10 +479,14 @@ class Network:
         sh("ip", "link", "set", host.veth, "up")
 
     def shape(self, shape: Shape, hosts: Sequence[Host] | None = None) -> None:
-        """Apply `shape` to both directions of each host's link (every host by default)."""
+        """Apply `shape` to both directions of each host's link (every host by default),
+        replacing what was there."""
         for host in hosts or self.hosts:
             for inside, dev in ((False, host.veth), (True, "eth0")):
                 where = ("ip", "netns", "exec", host.netns) if inside else ()
+                if not shape.needs_qdisc:
+                    sh(*where, "tc", "qdisc", "del", "dev", dev, "root", check=False)
+                    continue
                 command = ("tc", "qdisc", "replace", "dev", dev, "root", *shape.qdisc())
                 done = sh(*where, *command, check=False)
                 if done.returncode != 0:
@@ -474,9 +497,90 @@ class Network:
                             f"{shape} cannot be applied"
                         )
                     raise RuntimeError(f"tc on {host.name}'s {dev}: {done.stderr.strip()}")
+            self._set_loss(host, shape)
 
     def clear_shape(self, hosts: Sequence[Host] | None = None) -> None:
         for host in hosts or self.hosts:
             sh("tc", "qdisc", "del", "dev", host.veth, "root", check=False)
             inside = ("ip", "netns", "exec", host.netns)
             sh(*inside, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+            self._set_loss(host, Shape())
+
+    # Random loss: a netdev table with an ingress chain at each end of the host's veth: in the
+    # root namespace on the bridge's end (what the host sends; its table named after the slot
+    # and host, so that `clean_slot` finds it), and in the host's namespace on eth0 (what it
+    # receives; gone with the namespace). Both are ingress hooks (any kernel since 4.2), where
+    # a dropped packet is lost on the wire: the sender's stack has sent it (a drop on the
+    # sender's own egress would be reported back to its TCP, which is no loss).
+    def _loss_ends(self, host: Host) -> list[tuple[tuple[str, ...], str, str]]:
+        """(command prefix, table, device) for each direction of `host`'s link."""
+        inside = ("ip", "netns", "exec", host.netns)
+        return [((), _loss_table(self.prefix, host.name), host.veth), (inside, "hora_loss", "eth0")]
+
+    def _set_loss(self, host: Host, shape: Shape) -> None:
+        for where, table, dev in self._loss_ends(host):
+            if not shape.loss_pct:
+                if shutil.which("nft") is not None:
+                    sh(*where, "nft", "delete", "table", "netdev", table, check=False)
+                continue
+            if shutil.which("nft") is None:
+                raise RuntimeError(
+                    "nft is not installed: a lossy link needs nftables (`make setup` installs "
+                    "it: apt-get install nftables)"
+                )
+            script = [
+                f"table netdev {table} {{}}",
+                f"delete table netdev {table}",  # whatever loss was there before
+                f"table netdev {table} {{",
+                "chain c {",
+                f'type filter hook ingress device "{dev}" priority 0; policy accept;',
+                *shape.loss_rules(),
+                "}",
+                "}",
+            ]
+            done = subprocess.run(
+                [*where, "nft", "-f", "-"],
+                input="\n".join(script) + "\n",
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            if done.returncode != 0:
+                why = done.stderr.strip()
+                if "not supported" in why.lower() or "no such file" in why.lower():
+                    raise ShapingUnsupported(
+                        f"nftables cannot drop packets at {host.name}'s {dev} on this kernel "
+                        f"(nf_tables with netdev ingress hooks, CONFIG_NF_TABLES_NETDEV): {why}"
+                    )
+                raise RuntimeError(f"nft on {host.name}'s {dev}: {why}")
+
+    def lost(self, host: Host) -> tuple[int, int]:
+        """(packets, of them dropped) by `host`'s loss rules since they were set, both ways."""
+        seen = dropped = 0
+        for where, table, _ in self._loss_ends(host):
+            done = sh(*where, "nft", "-j", "list", "table", "netdev", table)
+            counters = [
+                item["rule"]["expr"]
+                for item in json.loads(done.stdout)["nftables"]
+                if "rule" in item
+            ]
+            packets = [
+                expr["counter"]["packets"]
+                for rule in counters
+                for expr in rule
+                if "counter" in expr
+            ]
+            seen, dropped = seen + packets[0], dropped + packets[1]
+        return seen, dropped
+
+
+def _loss_table(prefix: str, host: str) -> str:
+    return f"hora_{prefix}_{host}"
+
+
+def _loss_tables(prefix: str) -> list[str]:
+    """The root namespace's loss tables of this slot (none where nft is not installed)."""
+    if shutil.which("nft") is None:
+        return []
+    listed = sh("nft", "list", "tables", "netdev", check=False).stdout
+    return re.findall(rf"^table netdev ({_loss_table(prefix, '')}\w+)$", listed, re.M)

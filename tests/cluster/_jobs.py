@@ -92,7 +92,8 @@ def train(
     when `folder` is given. In attempt 0, rank 1 meets `fault` at `fault_step`, after the
     step's gradients were averaged and before the step's loss is (a collective the other
     ranks then wait in, so that none saves that step): "kill_executor" kills the Spark
-    executor it runs under, "kill_host" asks the test to make its host vanish."""
+    executor it runs under, "kill_host" asks the test to make its host vanish. `seconds`: how long
+    the steps took (not the start, whose ranks may wait for each other's Spark task)."""
     import hora.torch as hvd
     from hora.checkpoint import Checkpoint
     from tests.restart._cases import resume
@@ -103,6 +104,7 @@ def train(
     opt = hvd.DistributedOptimizer(_optimizer(model), named_parameters=model.named_parameters())
     ckpt = Checkpoint(os.path.join(folder, "checkpoints"), keep=2) if folder else None
     start = resume(ckpt, model, opt, hvd)
+    began = time.monotonic()
     for step in range(start, STEPS):
         x, y = _batch(step, rank)
         opt.zero_grad()
@@ -114,9 +116,11 @@ def train(
         hvd.allreduce(loss.detach(), name="loss")
         if ckpt:
             ckpt.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, step)
+    seconds = time.monotonic() - began
     hvd.shutdown()
     weights = {k: v.clone() for k, v in model.state_dict().items()}
-    return {"where": where(), "start": start, "attempt": attempt(), "weights": weights}
+    placed = {"where": where(), "start": start, "attempt": attempt()}
+    return placed | {"weights": weights, "seconds": seconds}
 
 
 def _meet(fault: str, folder: str | None) -> None:
