@@ -359,7 +359,8 @@ class Monitor:
         """A running rank not heard from for the silence time fails the attempt, naming its
         host: a cut-off host's ranks would otherwise wait in their collectives for ever."""
         for rank, failure in silent(self, now, self.silence_s, self._finished).items():
-            self.failures[rank] = failure
+            self.failures[rank] = failure  # said now: the engine's stop may take seconds more
+            print(f"hora: {failure.headline()}; stopping the attempt", file=sys.stderr, flush=True)
 
     def _finished(self, rank: int) -> bool:
         return (
