@@ -11,39 +11,18 @@ anew: new process groups, negotiation star and shared memory.
 
 from __future__ import annotations
 
-import os
-
 from hora import environment
 from hora.collectives import _rendezvous
 from hora.collectives._basics import init, replace_default_group, shutdown, timeout
 from hora.wire.protocol import Reform
 
 
-def reform(order: Reform) -> Reform:
+def reform(order: Reform) -> int:
     """Make this process rank `order.rank` of a world of `order.size`, in place; where the
-    driver orders a newer world while this one forms (a rank of it was lost), that one. Returns
-    the order of the world made."""
-    while True:
-        try:
-            _reform_once(order)
-        except _rendezvous.Superseded as newer:
-            order = newer.order
-            continue
-        return order
-
-
-def _reform_once(order: Reform) -> None:
+    driver orders a newer world while this one gathers (a rank of it was lost), that one.
+    Returns the generation of the world made."""
     shutdown()
-    placement = environment.RankPlacement(
-        order.rank,
-        order.size,
-        order.local_rank,
-        order.local_size,
-        order.cross_rank,
-        order.cross_size,
-    )
-    os.environ.update(environment.placement_env(placement))
-    os.environ[environment.GENERATION_VAR] = str(order.generation)
-    here = environment.current()
+    here = _rendezvous.take(order)
     replace_default_group(lambda: _rendezvous.init_default_group(here, timeout(), opening=True))
     init()
+    return environment.current().generation

@@ -16,15 +16,18 @@ word (a world without the lost rank, `Superseded`) and re-forms that one instead
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from hora import environment
 from hora.environment import RankEnvironment
 from hora.wire import link
-from hora.wire.protocol import Joining, Reform
+from hora.wire.protocol import Formed, Joining, Reform
 
 OPEN_KEY = "open"  # set by the running ranks of a world re-formed in place as they join it
 #: how long a new rank waits for the running ones to reach their commit; the driver stops it
@@ -48,20 +51,57 @@ def backend() -> str:
     return "gloo"
 
 
+_started_to_grow = False  # this process started as a new rank of a world grown in place
+
+
+def started_to_grow() -> bool:
+    """Whether this process started as a new rank of a running world grown in place (it takes
+    the running ranks' state, not a commit)."""
+    return _started_to_grow
+
+
 def init_default_group(here: RankEnvironment, wait: timedelta, opening: bool = False) -> None:
     """Make this process rank `here.rank` of the default group of its world: by env:// for the
     attempt's first world; else through the store under the world's prefix, where `opening`
-    (a running rank re-forming) lets the waiting new ranks in, and a new rank waits for that."""
+    (a running rank re-forming) lets the waiting new ranks in, and a new rank waits for that.
+    Where the driver orders a newer world while this one gathers (a rank of it was lost), that
+    world, as its place there says."""
+    global _started_to_grow
+    _started_to_grow = _started_to_grow or bool(here.generation and not opening)
+    while True:
+        try:
+            _make_default_group(here, wait, opening)
+            return
+        except Superseded as newer:
+            here, opening = take(newer.order), True
+
+
+def take(order: Reform) -> RankEnvironment:
+    """Write the place `order` gives this process, and its world's generation, where `init()`
+    and the user's code read them."""
+    placement = environment.RankPlacement(
+        order.rank,
+        order.size,
+        order.local_rank,
+        order.local_size,
+        order.cross_rank,
+        order.cross_size,
+    )
+    os.environ.update(environment.placement_env(placement))
+    os.environ[environment.GENERATION_VAR] = str(order.generation)
+    return environment.current()
+
+
+def _make_default_group(here: RankEnvironment, wait: timedelta, opening: bool) -> None:
     rank, size = here.rank, here.size
     assert rank is not None and size is not None
     if not here.generation:
+        if _first_world_may_re_form(here):  # lost ranks' survivors may still hear of a smaller
+            _all_present(_store(here, 0, wait), rank, size, 0, wait)
+        _formed(0)
         dist.init_process_group(backend(), init_method="env://", rank=rank, world_size=size)
         return
-    addr, port = here.master_addr, here.master_port
-    if not addr or port is None:
-        raise RuntimeError("a world re-formed in place needs the launcher's MASTER_ADDR/PORT")
-    client = dist.TCPStore(addr, port, is_master=False, timeout=wait)
-    store = dist.PrefixStore(f"hora/reform/{here.generation}/", client)
+    store = _store(here, here.generation, wait)
     if opening:
         store.set(OPEN_KEY, "1")
     else:
@@ -70,7 +110,32 @@ def init_default_group(here: RankEnvironment, wait: timedelta, opening: bool = F
             driver.send(Joining(driver.rank))
         store.wait([OPEN_KEY], JOIN_WAIT)
     _all_present(store, rank, size, here.generation, wait)
+    _formed(here.generation)
     dist.init_process_group(backend(), store=store, rank=rank, world_size=size, timeout=wait)
+
+
+def _first_world_may_re_form(here: RankEnvironment) -> bool:
+    """An elastic hora run's first world, with the launcher's store and in place allowed."""
+    allowed = os.environ.get(environment.IN_PLACE_VAR, "1") != "0"
+    return here.elastic and allowed and bool(here.master_addr) and here.master_port is not None
+
+
+def _store(here: RankEnvironment, generation: int, wait: timedelta) -> dist.Store:
+    """The launcher's store, under the prefix of the world of `generation`."""
+    addr, port = here.master_addr, here.master_port
+    if not addr or port is None:
+        raise RuntimeError("a world re-formed in place needs the launcher's MASTER_ADDR/PORT")
+    client = dist.TCPStore(addr, port, is_master=False, timeout=wait)
+    return dist.PrefixStore(f"hora/reform/{generation}/", client)
+
+
+def _formed(generation: int) -> None:
+    """Tell the driver this world gathered: a rank lost from here on fails the others'
+    collectives (or, in the first world, their rendezvous: every rank then restarts)."""
+    driver = link.current()
+    if driver is not None:
+        with contextlib.suppress(OSError):
+            driver.send(Formed(driver.rank, generation))
 
 
 def _all_present(store: dist.Store, rank: int, size: int, generation: int, wait: timedelta) -> None:

@@ -30,7 +30,7 @@ import torch
 
 from hora import environment
 from hora.checkpoint import Commit, CommitStore, remove_stale_commits
-from hora.collectives import _reform
+from hora.collectives import _reform, _rendezvous
 from hora.collectives._basics import init, local_rank, owns_default_group, rank, shutdown, size
 from hora.collectives._common import HorovodInternalError
 from hora.collectives.objects import allgather_object, broadcast_object
@@ -348,14 +348,13 @@ def _after_failure(error: Exception, state: State, reformable: bool) -> Reform |
 
 def _in_world(order: Reform, state: State, rolled_back: bool) -> None:
     global _generation
-    order = _reform.reform(order)
-    _generation = max(_generation, order.generation)
+    _generation = max(_generation, _reform.reform(order))
     state.reformed()
     if rolled_back:
         state.restore()
     _sync_world(state)
     if rank() == 0:
-        link.send_to_driver(Reformed(0, order.generation, size(), state.commit_index))
+        link.send_to_driver(Reformed(0, _generation, size(), state.commit_index))
 
 
 _generation = 0  # the last re-formed world this process joined
@@ -399,9 +398,8 @@ def _resume(state: State) -> None:
     """A rank's start: in a world grown in place, the running ranks' state (rank 0's);
     else the freshest commit anywhere, else rank 0's state."""
     global _generation
-    generation = environment.current().generation
-    if generation:
-        _generation = generation
+    _generation = environment.current().generation  # a first world re-formed as it gathered too
+    if _rendezvous.started_to_grow():
         _sync_world(state)
         return
     commit = state.restore_freshest()

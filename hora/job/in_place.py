@@ -17,6 +17,7 @@ import contextlib
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
 from hora import environment
@@ -26,6 +27,7 @@ from hora.wire.protocol import (
     EngineFailed,
     Error,
     Exited,
+    Formed,
     Heartbeat,
     Hello,
     HostsUpdated,
@@ -34,6 +36,7 @@ from hora.wire.protocol import (
     Metrics,
     Output,
     Reform,
+    Reformed,
     Resized,
     Result,
     Stacks,
@@ -42,7 +45,7 @@ from hora.wire.protocol import (
 #: what names its sender (or, from the launcher, its process) by its process's id
 FROM_A_RANK = (
     *(Hello, Heartbeat, Output, Result, Error, Exited, EngineFailed, Metrics, Stacks),
-    *(Resized, InPlace, Joining),
+    *(Resized, InPlace, Joining, Formed),
 )
 
 
@@ -83,6 +86,7 @@ class Records(Protocol):
     failures: dict[int, Any]
     stall: str | None
     stuck: tuple[int, ...]
+    orders: dict[int, Reform]  # process id -> its place in the latest world ordered
 
 
 def translate(world: World, message: Any) -> Any:
@@ -91,6 +95,23 @@ def translate(world: World, message: Any) -> Any:
         return message
     rank = world.rank_of(message.rank)
     return None if rank is None else message._replace(rank=rank)
+
+
+def hear(world: World, message: Any, decided: Callable[[Any], None]) -> Any:
+    """The ranks' word on their world, to the world (its decisions to `decided`); the record
+    for the callbacks of a `Reformed`; None for nothing more; any other `message` as is."""
+    match message:
+        case InPlace(rank=rank, able=able, grows=grows):
+            world.said(world.id_of(rank), able, grows)
+        case Joining(rank=rank):
+            decided(world.joined(world.id_of(rank), time.time()))
+        case Formed(rank=rank, generation=generation):
+            world.gathered(world.id_of(rank), generation)
+        case Reformed(generation=generation, size=size, commit=commit):
+            return resized(world, generation, size, commit)
+        case _:
+            return message
+    return None
 
 
 def carry_out(records: Records, decision: Any, tail_lines: int) -> GrowingInPlace | None:
@@ -129,9 +150,12 @@ def _reform(records: Records, order: ReformWorld) -> None:
     places = environment.placements(list(order.hosts))
     told = order.running if order.grow else order.members
     for rank, pid in enumerate(order.members):
-        if pid in told and rank in records.connections:
+        if pid not in told:
+            continue
+        records.orders[pid] = reform_order(places[rank], order.generation)  # for a late hello
+        if rank in records.connections:
             with contextlib.suppress(OSError):
-                records.connections[rank].send(reform_order(places[rank], order.generation))
+                records.connections[rank].send(records.orders[pid])
     if order.grow:
         for rank in range(len(order.running)):
             with contextlib.suppress(OSError):

@@ -34,12 +34,10 @@ from hora.wire.protocol import (
     Error,
     Exited,
     Hello,
-    InPlace,
-    Joining,
     Metrics,
     Output,
     Payload,
-    Reformed,
+    Reform,
     Resized,
     Result,
     Resumed,
@@ -101,6 +99,7 @@ class Monitor:
         self.stall: str | None = None  # rank 0's standing stall warning (the stall inspector)
         self.stuck: tuple[int, ...] = ()  # the ranks that warning waits for
         self.connections: dict[int, Connection] = {}  # each started rank's channel
+        self.orders: dict[int, Reform] = {}  # process id -> its place in the latest world ordered
         self.dump: StackRequest | None = None  # asked when the run is stopped: in its story
         self.asked_by_user: StackRequest | None = None  # printed once answered, the run goes on
         self.last_heard: dict[int, float] = {}  # rank -> time.monotonic() of its last message
@@ -146,7 +145,7 @@ class Monitor:
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
         start_deadline = time.monotonic() + limits.start_timeout
-        self.start_timeout = limits.start_timeout
+        self.start_timeout = self.world.confirm_wait = limits.start_timeout
         self._all_done_at: float | None = None
         while True:
             now = time.monotonic()
@@ -169,7 +168,11 @@ class Monitor:
         """Every rank returned (and exited, or had its grace to): True. A failure raises its
         story once the settle time and any question to the ranks are over; every rank stopped
         at the same commit to grow raises AttemptResized."""
-        self._decided(self.world.late(now))
+        late = self.world.late(now, time.time())
+        if isinstance(late, Restart):  # a failure of the attempt, told as any other
+            self.failures.setdefault(0, Failure(0, late.why, "", False, time.time()))
+        else:
+            self._decided(late)
         if self.failures:
             first = min(f.time for f in self.failures.values())
             settled = time.time() - first >= SETTLE_SECONDS
@@ -279,7 +282,7 @@ class Monitor:
     def _report(self, message: Any) -> None:
         """What a running rank says: its output, stalls, resizes and stacks here; the rest (its
         timeline, metrics, a resume) to the callbacks."""
-        message = self._about_the_world(message)
+        message = in_place.hear(self.world, message, self._decided)
         match message:
             case None:
                 return
@@ -301,20 +304,6 @@ class Monitor:
                 return
         for callback in self.callbacks:
             callback.on_report(message)
-
-    def _about_the_world(self, message: Any) -> Any:
-        """The ranks' word on re-forming, to the world (a `ResizedInPlace` record for the
-        callbacks of a `Reformed`); None for nothing more to do; any other `message` as is."""
-        match message:
-            case InPlace(rank=rank, able=able, grows=grows):
-                self.world.said(self.world.id_of(rank), able, grows)
-            case Joining(rank=rank):
-                self._decided(self.world.joined(self.world.id_of(rank), time.time()))
-            case Reformed(generation=generation, size=size, commit=commit):
-                return in_place.resized(self.world, generation, size, commit)
-            case _:
-                return message
-        return None
 
     def _resumed(self, commit: int, size: int) -> str:
         made = f"{size} rank{'s' if size != 1 else ''}"
@@ -345,6 +334,8 @@ class Monitor:
         self.connections[rank] = conn
         self.last_heard[rank] = time.monotonic()
         conn.send(Payload(self.payload, self.collect_all or rank == 0))
+        if pid in self.orders:  # its world was re-formed before it said hello
+            conn.send(self.orders[pid])
 
     def _stall(self, text: str | None, missing: tuple[int, ...], stopping: bool) -> None:
         """Rank 0's engine reports a stall (None: it is over); said on stderr, kept for timeouts.

@@ -108,6 +108,9 @@ class World:
     grew_at: float = 0.0  # when the growth under way started (the caller's wall clock)
     joined_at: float = 0.0  # ... and when its last new rank waited (0: not yet, or a shrink)
     gone: set[int] = field(default_factory=set)  # ids lost or abandoned: never a rank again
+    formed: set[int] = field(default_factory=set)  # ids whose world of `generation` gathered
+    #: how long a world ordered may take to say it goes on before the attempt restarts
+    confirm_wait: float = float("inf")
     phase: Phase = Phase.STARTING
     #: the world ordered and not yet confirmed by its rank 0: (generation, before, why, since)
     pending: tuple[int, int, str, float] | None = None
@@ -152,6 +155,12 @@ class World:
             self.no_growth.add(pid)
         if self.phase is Phase.STARTING and all(m in self.able | self.cannot for m in self.members):
             self.phase = Phase.RUNNING
+
+    def gathered(self, pid: int, generation: int) -> None:
+        """Process `pid`'s world of `generation` gathered: past its rendezvous, a rank lost no
+        longer leaves it waiting where the driver's word reaches it."""
+        if generation == self.generation:
+            self.formed.add(pid)
 
     def grow(
         self, size: int, can_add: bool, now: float, wait: float, wall: float = 0.0
@@ -208,9 +217,17 @@ class World:
         self.phase = Phase.RUNNING
         return before, why, since
 
-    def late(self, now: float) -> Abandon | None:
+    def late(self, now: float, wall: float = 0.0) -> Abandon | Restart | None:
         """New ranks that did not reach the rendezvous in time: the growth is given up (the
-        running ranks never heard of it); a later one may start others."""
+        running ranks never heard of it); a later one may start others. A world ordered that
+        did not go on within `confirm_wait` (a rank stuck in a rendezvous with a lost one):
+        the attempt restarts."""
+        if self.pending is not None and wall - self.pending[3] > self.confirm_wait:
+            self.phase = Phase.RESTARTING
+            return Restart(
+                f"the world re-formed in place as generation {self.pending[0]} did not go on "
+                f"within {self.confirm_wait:g} s (start_timeout)"
+            )
         if not self.waiting or self.pending is not None or now < self.deadline:
             return None
         return self._abandon("new ranks did not reach the rendezvous in time")
@@ -226,9 +243,11 @@ class World:
             decisions.append(self._abandon(f"lost during the growth: {why}"))
         running_lost = [loss for pid, loss in lost.items() if pid in self.members]
         survivors = [m for m in self.members if m not in lost]
+        if self.phase is Phase.STARTING:
+            return [self._gather_fewer(survivors, why) if self._may_gather(losses, survivors)
+                    else self._restart(why)]  # fmt: skip
         if running_lost and not self._may_shrink(running_lost, survivors):
-            self.phase = Phase.RESTARTING
-            return [*decisions, Restart(why)]
+            return [*decisions, self._restart(why)]
         if running_lost or told:  # told: the running ranks re-form, without the new ones
             decisions.append(self._shrink(survivors, now, why))
         return decisions
@@ -238,6 +257,28 @@ class World:
         self.phase = Phase.STOPPING
 
     # -- the decisions ------------------------------------------------------------------------
+    def _restart(self, why: str) -> Restart:
+        self.phase = Phase.RESTARTING
+        return Restart(why)
+
+    def _may_gather(self, losses: list[Loss], survivors: list[int]) -> bool:
+        """While the first world gathers: no rank is past its rendezvous (every survivor still
+        waits there, or has yet to reach it, and will hear of the smaller world), every lost
+        rank is gone, and at least min_np are left."""
+        return (
+            self.min_np is not None
+            and not self.formed & (set(self.members) | {self.id_of(x.rank) for x in losses})
+            and len(survivors) >= self.min_np
+            and all(loss.gone and not loss.own for loss in losses)
+        )
+
+    def _gather_fewer(self, survivors: list[int], why: str) -> ReformWorld:
+        """The survivors of a rank lost as the world gathers gather a smaller one instead (in
+        their rendezvous); it is still starting: each says when its run can re-form."""
+        order = self._shrink(survivors, 0.0, why)
+        self.pending, self.phase, self.formed = None, Phase.STARTING, set()
+        return order
+
     def _may_shrink(self, running_lost: list[Loss], survivors: list[int]) -> bool:
         """Every lost running rank is gone without a word of its own, and at least min_np
         survivors run in an hvd.elastic.run that can re-form."""

@@ -18,6 +18,7 @@ from typing import Any
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
     RESIZED_METRIC,
+    Formed,
     InPlace,
     Joining,
     Metrics,
@@ -28,6 +29,9 @@ from hora.wire.protocol import (
     Stall,
     TimelineBatch,
 )
+
+#: what an elastic run's ranks tell the driver of their world
+ToTheDriver = InPlace | Reformed | Joining | Formed
 
 
 class DriverLink:
@@ -54,7 +58,7 @@ class DriverLink:
 
     def send(
         self,
-        message: Output | Stall | TimelineBatch | Metrics | Resumed | InPlace | Reformed | Joining,
+        message: Output | Stall | TimelineBatch | Metrics | Resumed | ToTheDriver,
     ) -> None:
         """Send one message; may raise OSError when the driver is gone."""
         self.conn.send(message)
@@ -215,7 +219,7 @@ def _checked(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-def send_to_driver(message: Stall | Resumed | InPlace | Reformed | Joining) -> bool:
+def send_to_driver(message: Stall | Resumed | ToTheDriver) -> bool:
     """Send one of hora's own messages (not the user's output) to the driver; False outside a
     hora worker. May raise OSError when the driver is gone."""
     link = _current

@@ -10,7 +10,7 @@ Who sends what:
 
 - launcher -> worker process (one JSON line on its stdin): Boot
 - worker -> driver (the job's channel): Hello, Heartbeat, Output, Result, Error, TimelineBatch,
-  Stall, Stacks, Metrics, Resized, Resumed, InPlace, Reformed, Joining
+  Stall, Stacks, Metrics, Resized, Resumed, InPlace, Reformed, Joining, Formed
 - driver -> worker: Payload, DumpStacks, HostsUpdated, Reform
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
 - rank supervisor (a Spark task, a Ray actor) <-> its launcher: TaskReady, Output, Exited /
@@ -179,6 +179,15 @@ class Joining(NamedTuple):
     rank: int
 
 
+class Formed(NamedTuple):
+    """The rank's world of `generation` is gathered (every rank marked itself present): from
+    here on a lost rank no longer leaves it waiting at the rendezvous, where the driver could
+    still tell it of a smaller world."""
+
+    rank: int
+    generation: int
+
+
 class Reformed(NamedTuple):
     """Rank 0 of a world re-formed in place (generation `generation`, `size` ranks) restored
     and synced the state of commit `commit`: training goes on."""
@@ -324,6 +333,7 @@ DriverMessage = (
     | InPlace
     | Reformed
     | Joining
+    | Formed
     | Exited
     | EngineFailed
 )
@@ -331,7 +341,7 @@ DriverMessage = (
 #: the only classes a job channel's frame may name (hora.wire.channel's allow-list)
 ALLOWED = allowed_classes(
     *(Hello, Heartbeat, Output, Result, Error, TimelineBatch, Stall, Stacks, Metrics),  # worker
-    *(Resized, Resumed, InPlace, Reformed, Joining),  # worker -> driver, elastic runs
+    *(Resized, Resumed, InPlace, Reformed, Joining, Formed),  # worker -> driver, elastic runs
     *(Payload, DumpStacks, HostsUpdated, Reform),  # driver -> worker
     *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
 )

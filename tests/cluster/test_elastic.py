@@ -19,6 +19,10 @@ standalone and Ray on every host, started once for these few jobs.
   back, new actors start in the placement group's lost bundles (reserved there again) and the
   run grows back to 4 in place, host 1's ranks still in their processes; every sample of every
   epoch once, the weights those of one process on the same steps.
+- A rank lost in a phase of the world (issue 39; tests/elastic/test_in_place_phases.py locally),
+  np=4, min_np=2, nothing restarted: on Spark, a new rank lost before it waits (the growth is
+  given up, its task ends, a later one joins) and rank 0 lost while a new rank starts; on Ray, a
+  rank lost before the first world gathered (the survivors gather a world of 3 in place).
 """
 
 from __future__ import annotations
@@ -313,3 +317,84 @@ def test_ray_re_forms_in_place_when_a_node_is_removed_and_grows_back_keras(whole
     for r in results:
         for got, value in zip(r["weights"], want, strict=True):
             assert abs(got - value).max() < 1e-9, (got, value)
+
+
+# ----- a rank lost in each phase of the world (issue 39): survived in place, on both engines --
+def _lost_in_a_phase(
+    folder: Path, backend: str, capfd: Any, **faults: Any
+) -> tuple[list[dict[str, Any]], list[int], str]:
+    """np=4, min_np=2 on `backend`, with `faults` (tests/elastic/_jobs.py `Plan`): one attempt
+    whose worlds re-form in place, nothing restarted; every sample of every epoch once, the
+    weights those of one process, nothing of the run left on the engine. Returns the results,
+    the worlds and the driver's stderr."""
+    (folder / _jobs.BACK_MARK).touch()  # no host is lost: a lost rank's slot is free at once
+    plan = _jobs.Plan(str(folder), full=NP, samples=64, epochs=2, wait_for_return=True, **faults)
+    with timed(f"elastic {backend}: a rank lost in a phase of the world ({faults})"):
+        results = hora.run(
+            _jobs.train, (plan,), np=NP, min_np=2, max_np=NP, backend=backend, timeout=JOB_TIMEOUT
+        )
+    steps, worlds = _kept_steps(plan)
+    want = _jobs.reference(plan, steps)
+    for r in results:
+        for key, value in want.items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
+    if backend == "ray":
+        assert not live_actors() and not live_placement_groups()
+    else:  # no Spark job of the run left (each rank's task is one)
+        from pyspark import SparkContext
+
+        assert not SparkContext._active_spark_context.statusTracker().getActiveJobsIds()
+    err = capfd.readouterr().err
+    assert "hora: restarting" not in err and "attempt 1 of" not in err, err
+    return results, worlds, err
+
+
+@pytest.mark.timeout(300)
+def test_spark_gives_up_a_growth_whose_new_rank_is_lost_before_it_waits(whole, tmp_path, capfd):
+    """Rank 3 SIGKILLs itself mid-epoch: ranks 0-2 re-form in place, in their processes; the
+    first task started to grow back loses its rank before init: the growth is given up (the
+    running ranks never heard of it), its task ends and frees its slot, and the next growth's
+    new task joins."""
+    faults = {"fault": "self", "joiner_fault": "before"}
+    results, worlds, err = _lost_in_a_phase(tmp_path, "spark", capfd, **faults)
+    assert worlds == [NP, 3, NP], worlds
+    _jobs.check_survivors(str(tmp_path), results, worlds)
+    assert "hora: resizing in place from 4 to 3 ranks (rank 3 failed: killed by signal 9" in err
+    assert "hora: giving up the growth in place (lost during the growth: rank 3 failed" in err, err
+    assert "hora: resized in place from 3 to 4 ranks in " in err, err
+
+
+@pytest.mark.timeout(300)
+def test_spark_rank_0_lost_while_a_new_rank_starts_re_forms_the_others_without_it(
+    whole, tmp_path, capfd
+):
+    """Rank 3 SIGKILLs itself (4 -> 3); while the first new task's rank starts, rank 0 (holding
+    its commit until the run grows) SIGKILLs itself: the new rank is given up and ranks 1 and 2
+    re-form as ranks 0 and 1 (3 -> 2) in their processes, and train on (a new growth may finish
+    before the run does)."""
+    results, worlds, err = _lost_in_a_phase(
+        tmp_path, "spark", capfd, fault="self", joiner_fault="running"
+    )
+    assert worlds[:3] == [NP, 3, 2] and worlds[3:] in ([], [NP]), worlds
+    logs = _jobs.read_logs(str(tmp_path))
+    assert {a for a, _ in logs} == {0}, sorted(logs)  # one attempt
+    pids = [{r: e[0]["pid"] for r, e in logs[life].items()} for life in sorted(logs)]
+    for world in pids[2:]:  # ranks 1 and 2 of the world of 3, in their processes
+        assert [world[0], world[1]] == [pids[1][1], pids[1][2]], pids
+    assert [r["pid"] for r in results] == [pids[-1][r] for r in range(worlds[-1])]
+    assert "hora: giving up the growth in place (lost during the growth: rank 0 failed" in err
+    assert "hora: resizing in place from 3 to 2 ranks" in err, err
+
+
+@pytest.mark.timeout(300)
+def test_ray_survivors_of_a_rank_lost_before_the_first_world_gathered_form_a_smaller_one(
+    whole, tmp_path, capfd
+):
+    """Rank 3 SIGKILLs itself before its hvd.init(): ranks 0-2, waiting at the first world's
+    presence barrier in the launcher's store, hear of a world of 3 there and gather it, in
+    their processes; rank 3's actor, alive, runs the new rank that grows the run back to 4."""
+    results, worlds, err = _lost_in_a_phase(tmp_path, "ray", capfd, start_fault=True)
+    assert worlds == [3, NP], worlds  # the first world of 4 never trained
+    _jobs.check_survivors(str(tmp_path), results, worlds)
+    assert "hora: resizing in place from 4 to 3 ranks (rank 3 failed: killed by signal 9" in err
+    assert "hora: resized in place from 3 to 4 ranks in " in err, err

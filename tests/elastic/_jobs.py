@@ -38,6 +38,7 @@ BACK_MARK = "back"  # the test brought the lost capacity back
 KILLED_MARK = "killed"  # when the faulty rank killed itself (time.time())
 FIRST_JOINER_MARK = "first-joiner"  # made (exclusively) by the first rank started to grow
 RUNNING_KILLED_MARK = "running-killed"  # a running rank killed itself while a new one started
+START_KILLED_MARK = "start-killed"  # the last rank of the first world killed itself before init
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class Plan:
     #: init), "after_init" (... once its init returned: the running ranks re-form with it), or
     #: "running" (rank 0, holding its commit, SIGKILLs itself while the first new rank starts)
     joiner_fault: str | None = None
+    #: the last rank of the attempt's first world SIGKILLs itself before its hvd.init()
+    start_fault: bool = False
 
 
 def dataset(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -165,7 +168,7 @@ def train(plan: Plan) -> dict[str, Any]:
                 time.sleep(plan.step_seconds)
                 if (j + 1) % plan.commit_every == 0:
                     if plan.wait_for_return and world < plan.full and not waited:
-                        waited = _wait_for_return(plan, rank)
+                        waited = _wait_for_return(plan.folder, rank, plan)
                     state.commit()
             state.epoch += 1
             if plan.data is None:
@@ -278,7 +281,11 @@ def _maybe_fault(
 
 
 def _init(plan: Plan, hvd: Any) -> None:
-    """hvd.init(), with the plan's fault of the first rank started to grow the world."""
+    """hvd.init(), with the plan's faults of a rank of the first world or of the first rank
+    started to grow the world."""
+    first_world = not _generation() and int(os.environ["RANK"]) == plan.full - 1
+    if plan.start_fault and first_world and _once(Path(plan.folder, START_KILLED_MARK)):
+        os.kill(os.getpid(), signal.SIGKILL)
     first_joiner = _first_joiner(plan)
     if first_joiner and plan.joiner_fault == "before":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -294,8 +301,13 @@ def _first_joiner(plan: Plan) -> bool:
     later world's generation); the mark is made once, by it alone."""
     if plan.joiner_fault is None or not _generation():
         return False
+    return _once(Path(plan.folder, FIRST_JOINER_MARK))
+
+
+def _once(mark: Path) -> bool:
+    """True for the one process that makes `mark`."""
     try:
-        os.close(os.open(Path(plan.folder, FIRST_JOINER_MARK), os.O_CREAT | os.O_EXCL))
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         return False
     return True
@@ -318,17 +330,17 @@ def _wait_for(path: Path, seconds: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def _wait_for_return(plan: Plan, rank: int) -> bool:
+def _wait_for_return(folder: str, rank: int, plan: Plan | None = None) -> bool:
     """Rank 0 says the run is small, and holds the next commit until the test has brought the
     capacity back and the driver has said so (the other ranks wait in the commit's broadcast):
     the run grows at that commit, however long the capacity took to return."""
     from hora.wire import link
 
-    folder = plan.folder
     if rank == 0:
         Path(folder, SMALL_MARK).touch()
         while not (Path(folder, BACK_MARK).exists() and link.hosts_updated()):
-            _maybe_running_fault(plan)
+            if plan is not None:
+                _maybe_running_fault(plan)
             time.sleep(0.1)
     return True
 

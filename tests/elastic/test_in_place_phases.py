@@ -8,6 +8,7 @@ epoch was trained exactly once in the final model, and that the weights equal on
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,21 @@ from tests.elastic import _jobs
 SAMPLES = 96
 
 
-def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, np: int, **faults) -> tuple:
+def test_a_rank_lost_before_the_first_world_gathered_leaves_its_survivors_a_smaller_one(
+    tmp_path, monkeypatch, capfd
+):
+    """np=3: rank 2 SIGKILLs itself before its hvd.init(); ranks 0 and 1, waiting at the first
+    world's rendezvous, hear of a world of 2 there and gather it (nobody restarts); then the run
+    grows back to 3 in place."""
+    results, worlds = _run(tmp_path, monkeypatch, 3, fault=None, start_fault=True)
+    assert worlds in ([2, 3], [2]), worlds  # the first world of 3 never trained
+    _jobs.check_survivors(str(tmp_path), results, worlds)
+    err = capfd.readouterr().err
+    assert "hora: resizing in place from 3 to 2 ranks (rank 2 failed: killed by signal 9" in err
+    assert "restarting" not in err and "attempt 1 of" not in err, err
+
+
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, np: int, **faults: Any) -> tuple:
     monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
     Path(tmp_path, _jobs.BACK_MARK).touch()  # the local engine's slots are always there
     plan = _jobs.Plan(
@@ -26,10 +41,9 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, np: int, **faults) -> 
         full=np,
         samples=SAMPLES,
         commit_every=3,
-        fault="self",
         fault_commit=1,
         wait_for_return=True,
-        **faults,
+        **({"fault": "self"} | faults),
     )
     results = hora.run(_jobs.train, (plan,), np=np, min_np=2, timeout=240, max_restarts=0)
     steps, worlds, _starts = _jobs.kept_steps(str(tmp_path))

@@ -45,11 +45,37 @@ def test_the_world_starts_until_every_rank_said_whether_it_can_re_form():
     assert world.phase is Phase.RUNNING
 
 
-def test_a_rank_lost_while_the_world_starts_restarts_every_rank():
+def test_a_rank_lost_while_the_first_world_gathers_leaves_a_smaller_one_gathering():
+    """No rank is past the rendezvous: the survivors, waiting there, hear of a smaller world."""
+    world = World(4, 2)
+    world.started(0, "h0")
+    [order] = world.lose([Loss(2, gone=True)], 0.0, "rank 2 failed")
+    assert isinstance(order, ReformWorld) and not order.grow
+    assert (order.members, order.generation, order.renumbered) == ((0, 1, 3), 1, {0: 0, 1: 1, 3: 2})
+    assert (world.phase, world.pending, world.size) == (Phase.STARTING, None, 3)
+    assert world.started(3, "h1") == 2  # a survivor that says hello later has its new rank
+    for pid in (0, 1, 3):
+        world.said(pid, able=True, grows=True)
+    assert world.phase is Phase.RUNNING
+
+
+def test_a_rank_lost_once_a_rank_is_past_the_first_rendezvous_restarts_every_rank():
     world = World(3, 2)
-    world.said(0, able=True, grows=True)
-    decisions = world.lose([Loss(2, gone=True)], 0.0, "rank 2 failed")
-    assert decisions == [Restart("rank 2 failed")]
+    world.gathered(1, 0)
+    assert world.lose([Loss(2, gone=True)], 0.0, "rank 2 failed") == [Restart("rank 2 failed")]
+    assert world.phase is Phase.RESTARTING
+    world = World(3, 2)
+    world.gathered(2, 0)  # the lost rank itself was past it: so may the others be
+    assert world.lose([Loss(2, gone=True)], 0.0, "x") == [Restart("x")]
+
+
+def test_a_world_ordered_that_does_not_go_on_in_time_restarts():
+    world = running(3, 2)
+    world.confirm_wait = 10.0
+    world.lose([Loss(2, gone=True)], 100.0, "lost")
+    assert world.late(now=0.0, wall=105.0) is None
+    late = world.late(now=0.0, wall=111.0)
+    assert isinstance(late, Restart) and "did not go on within 10 s" in late.why
     assert world.phase is Phase.RESTARTING
 
 

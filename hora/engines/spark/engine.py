@@ -29,7 +29,9 @@ place (`hora.job.in_place`). What that trades: Spark's all-or-nothing start of a
 (the launcher's rendezvous still starts no rank before every task is up, and the slot check
 still runs first), BarrierTaskContext's `barrier`/`allGather` in the ranks (they say so), and
 one line in the Spark UI (one job per rank). A lost task's re-attempt by Spark is refused
-quietly: its loss was reported when its first attempt's channel closed.
+quietly: its loss was reported when its first attempt's channel closed. A rank that fails under
+its live task (its worker killed or crashed) ends that task at once, not with the attempt: its
+slot is then free for a rank that grows the world back, which Spark would otherwise queue.
 """
 
 from __future__ import annotations
@@ -242,7 +244,16 @@ class SparkLauncher(Launcher):
             elif isinstance(message, Output | Exited) and conn.peer == message.rank:
                 if isinstance(message, Exited):
                     self._exited.add(message.rank)
+                    self._release(conn, message.code)
                 self._report(message)
+
+    def _release(self, conn: channel.Connection, code: int) -> None:
+        """A rank of an elastic run failed under its live task (its worker killed, crashed):
+        the task ends now, not with the attempt, so that its slot is free for a rank started
+        to grow the world back (Spark would queue that task behind it)."""
+        if self.reforms_in_place and code != 0 and not self._stopping.is_set():
+            with contextlib.suppress(OSError):
+                conn.send(Stop())
 
     def _register(self, conn: channel.Connection, task: int, info: dict[str, Any]) -> None:
         if not (isinstance(task, int) and 0 <= task < self._slots):
