@@ -86,6 +86,10 @@ class Launcher(ABC):
     reforms_in_place: bool = False
     #: whether `add` can start ranks into the running attempt, to grow it in place
     grows_in_place: bool = False
+    #: whether the engine's count of free slots is true at once (no lost host's executors still
+    #: counted, no replacement yet to register): an elastic run then waits no settle time
+    #: before it grows back or sizes its next attempt (unless HORA_ELASTIC_SETTLE_SECONDS says)
+    exact_count: bool = False
     #: whether the ranks run where the driver's own modules cannot be imported (other machines,
     #: a Connect server): the user's modules then travel by value with the job (`ship_code`)
     ranks_elsewhere: bool = False

@@ -30,7 +30,7 @@ from hora.config import RunConfig
 from hora.engines.base import AttemptSpec
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
 from hora.job import callbacks
-from hora.job.elastic import AttemptResized, FreeSlots, Sizer, TooFewSlots
+from hora.job.elastic import AttemptResized, FreeSlots, Sizer, TooFewSlots, settle_given
 from hora.job.metrics import MetricsLog
 from hora.job.monitor import Group, Limits, Monitor
 from hora.job.policy import FailurePolicy
@@ -111,6 +111,7 @@ class Job:
         self._known_commit = -1  # the newest commit every rank was seen to make (at a growth)
         self._first: StartableGroup | None = None  # built before anything else of the run
         self._np_now = config.np  # the last attempt's ranks when it ended
+        self._settles = True  # whether the engine's count of free slots needs the settle time
 
     def run(self) -> list[Any]:
         config = self.config
@@ -175,7 +176,7 @@ class Job:
             return attempt.next(attempt.np)
         why = self._lost(error)
         try:
-            np = self.sizer.next_size(_wait(config.start_timeout, deadline))
+            np = self.sizer.next_size(_wait(config.start_timeout, deadline), self._settles)
         except TooFewSlots as short:
             raise self._too_few_slots(attempt, short, why) from None
         change = f"resizing from {attempt.np} to" if np != attempt.np else "restarting"
@@ -242,6 +243,7 @@ class Job:
         if attempt.index:
             _say(f"hora: {attempt} starting" + (f" ({attempt.np} ranks)" if config.elastic else ""))
         group, self._first = self._first or self.new_group(self._spec(attempt, deadline)), None
+        self._settles = settle_given() or not getattr(group, "exact_count", False)
         in_place = (config.min_np or 1) if config.elastic and _reforms(group) else None
         watchers = callbacks.for_attempt(
             attempt.index,
@@ -313,7 +315,8 @@ class Job:
         if not (in_place or restart):
             return None  # the run finishes at this size
         count = sizer.capacity
-        watch = FreeSlots(attempt.np, lambda held: count(held + _spare(group)), sizer.settle)
+        steady = sizer.settle if self._settles else 0.0
+        watch = FreeSlots(attempt.np, lambda held: count(held + _spare(group)), steady)
         return callbacks.Grow(watch, sizer.max_np, restart)
 
     def _final_error(self) -> WorkerFailedError:

@@ -34,6 +34,12 @@ def settle_seconds() -> float:
         raise ValueError(f"{SETTLE_ENV}={value!r} is not a number of seconds") from None
 
 
+def settle_given() -> bool:
+    """Whether HORA_ELASTIC_SETTLE_SECONDS was set (an engine whose count is exact then waits
+    it too; else it waits none)."""
+    return bool(os.environ.get(SETTLE_ENV, ""))
+
+
 class AttemptResized(Exception):
     """Every rank of the attempt stopped at the same commit so that the run can grow."""
 

@@ -40,6 +40,11 @@ class WorkerGroup:
         """Whether ranks can be added to the running attempt (the launcher's say)."""
         return self.launcher.grows_in_place
 
+    @property
+    def exact_count(self) -> bool:
+        """Whether the engine's count of free slots needs no settle time (the launcher's say)."""
+        return self.launcher.exact_count
+
     def add(self, joiners: list[tuple[int, int]], running: list[int], env: dict[str, str]) -> None:
         """Start new ranks into the running attempt, to grow it in place (`Launcher.add`)."""
         self.launcher.add(joiners, running, env)

@@ -18,6 +18,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
 from hora import environment
@@ -183,7 +184,9 @@ def _renumber(records: Records, kept: dict[int, int]) -> None:
     records.results, records.exits = moved(records.results), moved(records.exits)
     records.resized = moved(records.resized)
     records.closed = {kept[r] for r in records.closed if r in kept}
-    records.failures, records.stall, records.stuck = {}, None, ()
+    # a kept rank's failure not yet judged (it came while new ranks were told) stays, renamed
+    failures = {kept[r]: replace(f, rank=kept[r]) for r, f in records.failures.items() if r in kept}
+    records.failures, records.stall, records.stuck = failures, None, ()
 
 
 def lost(records: Records) -> set[int]:

@@ -25,6 +25,7 @@ class LocalLauncher(Launcher):
     channel_host = LOOPBACK
     reforms_in_place = True  # a dead process takes nothing of the others with it
     grows_in_place = True  # a new process joins the running ones through the same store
+    exact_count = True  # this machine's processes: a slot freed is free at once
 
     def __init__(self, spec: AttemptSpec) -> None:
         self.spec = spec
