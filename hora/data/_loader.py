@@ -101,6 +101,7 @@ class Loader:
         self._window_bytes = max(1, prefetch // 4)
         self.epoch = 0
         self._remaining: list[_order.Interval] = [(0, self._rows)]
+        self._ended = False  # set_epoch() named an epoch with nothing left (see there)
         if num_workers is None:
             num_workers = default_workers(transform is not None)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -147,10 +148,13 @@ class Loader:
 
     # --- the epoch and the position
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch `epoch`; the epoch already under way (a resumed one) keeps its position."""
-        if epoch != self.epoch or not self._remaining:
+        """Start epoch `epoch`; the epoch already under way (a resumed one) keeps its position,
+        and one already at its end (a commit after its last batch, before the loop's epoch
+        moved on) stays ended: its next iteration yields nothing, so no row is trained twice."""
+        if epoch != self.epoch:
             self.epoch = int(epoch)
             self._remaining = [(0, self._rows)]
+        self._ended = not self._remaining
 
     @property
     def consumed(self) -> int:
@@ -200,7 +204,10 @@ class Loader:
         return shares, _order.batch_sizes(counts, self.batch_size, self.drop_last)
 
     def __len__(self) -> int:
-        """The batches every rank yields from the current position (a full epoch if it ended)."""
+        """The batches every rank yields from the current position (a full epoch if it ended,
+        none if set_epoch() named the epoch that ended)."""
+        if not self._remaining and self._ended:
+            return 0
         if not self._remaining:
             shares = _order.split([(0, self._rows)], self.size)
             counts = [_order.total(s) for s in shares]
@@ -211,8 +218,12 @@ class Loader:
         """The batches as numpy arrays (or whatever `transform` returns): what `__iter__`
         and `tf_dataset` turn into tensors."""
         if not self._remaining:
-            self.epoch += 1
+            if self._ended:  # set_epoch() named the epoch that ended: nothing is left of it
+                self._ended = False
+                return
+            self.epoch += 1  # a loop that never calls set_epoch(): the next epoch
             self._remaining = [(0, self._rows)]
+        self._ended = False
         shares, sizes = self._plan()
         found = _order.windows(
             [p.rows for p in self.dataset.pieces],

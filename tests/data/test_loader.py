@@ -83,6 +83,29 @@ def test_a_loader_restored_mid_epoch_yields_exactly_the_remaining_rows(tmp_path)
     assert again[0].epoch == 1
 
 
+def test_a_commit_after_an_epochs_last_batch_resumes_with_nothing_left_of_it(tmp_path):
+    """The elastic loop's commit can fall after the epoch's last batch and before its epoch
+    counter moves on: resumed there, `set_epoch(same epoch)` must train none of it again (it
+    started the epoch over: every row twice), and the next epoch comes whole."""
+    dataset = write_ids(tmp_path)
+    loaders = world(dataset, 2, prefetch=1 << 16)
+    for loader in loaders:
+        loader.set_epoch(0)
+    assert sorted(itertools.chain(*step_world(loaders))) == list(range(ROWS))
+    state = loaders[0].state_dict()
+    assert (state["epoch"], state["remaining"], state["consumed"]) == (0, [], ROWS)
+    again = world(dataset, 2, prefetch=1 << 16)
+    for loader in again:
+        loader.load_state_dict(state)
+        loader.set_epoch(0)  # the loop's epoch counter had not moved on
+        assert len(loader) == 0
+    assert step_world(again) == [[], []]
+    for loader in again:
+        loader.set_epoch(1)
+    assert sorted(itertools.chain(*step_world(again))) == list(range(ROWS))
+    assert again[0].epoch == 1
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_a_resize_mid_epoch_trains_each_row_once(tmp_path, shuffle):
     """4 ranks, then 2 from the state of the 4, then 3, within one epoch; then a full epoch."""
