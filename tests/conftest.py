@@ -158,3 +158,18 @@ def no_thread_leaks():
         time.sleep(0.05)
     described = [f"{t.name} ({_thread_origin(t)})" for t in left]
     assert not left, f"the test left threads running: {described}"
+
+
+#: the folders whose every test carries a marker (`pytest -m "not tensorflow"`); modules
+#: elsewhere that run one framework carry it themselves (`pytestmark`)
+FOLDER_MARKERS = {"tensorflow": "tensorflow", "deepspeed": "deepspeed", "gpu": "gpu"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test in a framework's or the GPU's folder with that folder's marker."""
+    tests = Path(__file__).parent
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(tests).parts
+        marker = FOLDER_MARKERS.get(parts[0]) if len(parts) > 1 else None
+        if marker is not None:
+            item.add_marker(marker)

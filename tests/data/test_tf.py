@@ -11,6 +11,8 @@ import hora
 from tests.data import _jobs
 from tests.data._parquet import write_ids
 
+pytestmark = pytest.mark.tensorflow
+
 pytest.importorskip("tensorflow", reason="tensorflow is not installed")
 
 

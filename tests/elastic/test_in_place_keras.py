@@ -6,8 +6,12 @@ values by broadcast. A TensorFlowState of plain tf.Variables grows in place too.
 
 from __future__ import annotations
 
+import pytest
+
 import hora
 from tests.elastic import _jobs, _keras_checks, _keras_jobs
+
+pytestmark = pytest.mark.tensorflow
 
 
 def test_a_killed_rank_s_keras_survivors_train_on_in_place(tmp_path, monkeypatch, capfd):

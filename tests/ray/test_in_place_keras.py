@@ -10,7 +10,7 @@ import hora
 from tests.elastic import _keras_checks, _keras_jobs
 from tests.ray.conftest import start_ray, stop_ray
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.tensorflow]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -15,7 +15,7 @@ from hora.spark import MirroredStrategyRunner
 from tests.spark._tf_jobs import EXPECTED, train
 from tests.spark.conftest import start_spark, stop_spark
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.tensorflow]
 
 
 @pytest.fixture(scope="module")
