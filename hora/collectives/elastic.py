@@ -112,7 +112,12 @@ class Commits:
         return int(flag.item())
 
     def finish(self) -> None:
-        """The run's function returned: its commits on this host are no longer needed."""
+        """The run's function returned on every rank: its commits on this host are no longer
+        needed. The ranks first agree that all returned (one small broadcast): a rank lost at
+        the very end fails it on the others, which then re-form and find the last commit (a
+        restart finds it too) instead of training the run again from its start."""
+        if self.elastic and size() > 1:
+            broadcast_(torch.zeros(1, dtype=torch.int32), 0, "elastic.finished")
         if self.store is not None and local_rank() == 0:
             self.store.remove()
 
@@ -275,6 +280,7 @@ def run(
             order: Reform | None = None
             try:
                 result = func(state, *args, **kwargs)
+                state._commits.finish()
             except HostsUpdatedInterrupt as interrupt:
                 order, rolled_back = _grown(state, interrupt, reformable), False
             except Exception as error:
@@ -283,7 +289,6 @@ def run(
                 resets += 1
                 order, rolled_back = _after_failure(error, state, reformable), True
             else:
-                state._commits.finish()
                 return result
             if order is None:
                 reset()

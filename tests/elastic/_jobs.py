@@ -39,6 +39,7 @@ KILLED_MARK = "killed"  # when the faulty rank killed itself (time.time())
 FIRST_JOINER_MARK = "first-joiner"  # made (exclusively) by the first rank started to grow
 RUNNING_KILLED_MARK = "running-killed"  # a running rank killed itself while a new one started
 START_KILLED_MARK = "start-killed"  # the last rank of the first world killed itself before init
+END_KILLED_MARK = "end-killed"  # the last rank killed itself after the run's last commit
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class Plan:
     joiner_fault: str | None = None
     #: the last rank of the attempt's first world SIGKILLs itself before its hvd.init()
     start_fault: bool = False
+    #: the last rank SIGKILLs itself after the run's last commit, before its run returns
+    end_fault: bool = False
 
 
 def dataset(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -174,6 +177,8 @@ def train(plan: Plan) -> dict[str, Any]:
             if plan.data is None:
                 state.sampler.set_epoch(state.epoch)
             state.commit()
+        if plan.end_fault and rank == world - 1 and _once(Path(plan.folder, END_KILLED_MARK)):
+            os.kill(os.getpid(), signal.SIGKILL)  # trained to the end, not yet returned
 
     loop(state)
     weights = {k: v.detach().clone() for k, v in net.state_dict().items()}

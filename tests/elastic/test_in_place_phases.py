@@ -116,3 +116,17 @@ def test_rank_0_and_another_rank_lost_at_once_re_form_in_place(tmp_path, monkeyp
     err = capfd.readouterr().err
     assert "hora: resizing in place from 4 to 2 ranks" in err, err
     assert "restarting" not in err and "attempt 1 of" not in err, err
+
+
+def test_a_rank_lost_after_the_last_commit_leaves_the_others_to_finish_in_place(
+    tmp_path, monkeypatch, capfd
+):
+    """np=3, no growth back (max_np=3 and the run is over): rank 2 SIGKILLs itself after the
+    run's last commit, before its hvd.elastic.run returns; the others, agreeing that every rank
+    returned, fail to and re-form as 2 from that commit: nothing left to train, they return (a
+    restart would have found the commits removed, and trained the run again from its start)."""
+    results, worlds = _run(tmp_path, monkeypatch, 3, fault=None, end_fault=True)
+    assert worlds[0] == 3 and len(results) in (2, 3), (worlds, len(results))
+    err = capfd.readouterr().err
+    assert "hora: resizing in place from 3 to 2 ranks (rank 2 failed: killed by signal 9" in err
+    assert "restarting" not in err and "attempt 1 of" not in err, err
