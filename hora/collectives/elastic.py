@@ -43,7 +43,9 @@ __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "run"]
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-#: how many in-place resets `run` allows before it re-raises (Horovod's --reset-limit)
+#: how many in-place resets `run` allows before it re-raises (Horovod's --reset-limit): resets
+#: with every process alive (a failure that may come again); a world re-formed after a lost
+#: rank is not counted
 RESET_LIMIT_ENV = "HORA_ELASTIC_RESET_LIMIT"
 DEFAULT_RESET_LIMIT = 10
 #: how long a rank whose collective failed waits for the driver's word to re-form in place
@@ -253,8 +255,9 @@ def run(
     every rank takes rank 0's state); when that commit was made by another number of ranks,
     the reset callbacks run. On `HorovodInternalError` the state is restored, the framework is
     reset (`shutdown()` + `init()`), the reset callbacks run and `func` is called again, up to
-    `HORA_ELASTIC_RESET_LIMIT` (default 10) times. On `HostsUpdatedInterrupt` the rank ends
-    cleanly at its commit and the driver starts the run at the new size.
+    `HORA_ELASTIC_RESET_LIMIT` (default 10) times (a world re-formed after a lost rank is not
+    counted). On `HostsUpdatedInterrupt` the rank ends cleanly at its commit and the driver
+    starts the run at the new size.
 
     With `in_place` (hora.torch's, hora.tensorflow's), under an elastic hora run whose engine
     re-forms worlds, a lost rank stops no survivor: after `HorovodInternalError` a survivor
@@ -284,10 +287,12 @@ def run(
             except HostsUpdatedInterrupt as interrupt:
                 order, rolled_back = _grown(state, interrupt, reformable), False
             except Exception as error:
-                if resets >= limit or not _may_heal(error, reformable):
+                if not _may_heal(error, reformable):
                     raise
-                resets += 1
                 order, rolled_back = _after_failure(error, state, reformable), True
+                resets += order is None  # a world re-formed after a lost rank is progress
+                if resets > limit:
+                    raise
             else:
                 return result
             if order is None:
