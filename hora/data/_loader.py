@@ -101,7 +101,7 @@ class Loader:
         self._window_bytes = max(1, prefetch // 4)
         self.epoch = 0
         self._remaining: list[_order.Interval] = [(0, self._rows)]
-        self._ended = False  # set_epoch() named an epoch with nothing left (see there)
+        self._ended = False  # resumed at an epoch's end: nothing left of it (see set_epoch)
         if num_workers is None:
             num_workers = default_workers(transform is not None)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -149,12 +149,13 @@ class Loader:
     # --- the epoch and the position
     def set_epoch(self, epoch: int) -> None:
         """Start epoch `epoch`; the epoch already under way (a resumed one) keeps its position,
-        and one already at its end (a commit after its last batch, before the loop's epoch
-        moved on) stays ended: its next iteration yields nothing, so no row is trained twice."""
-        if epoch != self.epoch:
+        and one resumed at its end (a commit after its last batch, before the loop's epoch moved
+        on) stays ended: its next iteration yields nothing, so no row is trained twice. An
+        epoch this loader itself ran to its end starts again (a validation pass each epoch)."""
+        if epoch != self.epoch or (not self._remaining and not self._ended):
             self.epoch = int(epoch)
             self._remaining = [(0, self._rows)]
-        self._ended = not self._remaining
+            self._ended = False
 
     @property
     def consumed(self) -> int:
@@ -193,6 +194,7 @@ class Loader:
             )
         self.epoch = int(state["epoch"])
         self._remaining = _order.merged([(int(a), int(b)) for a, b in state["remaining"]])
+        self._ended = not self._remaining  # saved after the epoch's last batch
         if self._follows_world:  # the state synced into a world re-formed in place
             here = environment.current()
             self.rank, self.size = here.rank or 0, here.size or 1
@@ -205,7 +207,7 @@ class Loader:
 
     def __len__(self) -> int:
         """The batches every rank yields from the current position (a full epoch if it ended,
-        none if set_epoch() named the epoch that ended)."""
+        none if it was resumed at the end of the epoch set_epoch() names)."""
         if not self._remaining and self._ended:
             return 0
         if not self._remaining:
@@ -218,7 +220,7 @@ class Loader:
         """The batches as numpy arrays (or whatever `transform` returns): what `__iter__`
         and `tf_dataset` turn into tensors."""
         if not self._remaining:
-            if self._ended:  # set_epoch() named the epoch that ended: nothing is left of it
+            if self._ended:  # resumed at this epoch's end: nothing is left of it
                 self._ended = False
                 return
             self.epoch += 1  # a loop that never calls set_epoch(): the next epoch

@@ -27,11 +27,12 @@ TORN_DOWN = "terminate called without an active exception"
 
 
 def torchrun(job: str, out: Path, *args: str, nproc: int = 2) -> subprocess.CompletedProcess:
-    """The reference: `job` under torchrun, run once more should torch's teardown abort a rank."""
+    """The reference: `job` under torchrun, run again (up to 4 times) should torch's teardown
+    abort a rank (gloo's "terminate called without an active exception", twice in a row once)."""
     out.mkdir(exist_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += [f"--nproc_per_node={nproc}", TRAIN, job, str(out), *args]
-    for _ in range(2):
+    for _ in range(4):
         done = subprocess.run(
             command,
             env=with_repo_on_path(dict(os.environ)),

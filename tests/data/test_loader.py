@@ -104,6 +104,10 @@ def test_a_commit_after_an_epochs_last_batch_resumes_with_nothing_left_of_it(tmp
         loader.set_epoch(1)
     assert sorted(itertools.chain(*step_world(again))) == list(range(ROWS))
     assert again[0].epoch == 1
+    # an epoch the loader itself ran to its end starts again (a validation pass each epoch)
+    for loader in again:
+        loader.set_epoch(1)
+    assert sorted(itertools.chain(*step_world(again))) == list(range(ROWS))
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

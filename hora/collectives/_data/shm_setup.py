@@ -76,8 +76,8 @@ def connect(  # noqa: C901 - three all-rank agreements (file, mapping, mesh), ea
     except OSError:
         ok = False
     flags: list[Any] = [None] * dist.get_world_size(world)
-    dist.all_gather_object(flags, ok, group=world)  # each host's file exists once this returns
-    try:
+    try:  # a rank lost in either agreement must not leave the file behind
+        dist.all_gather_object(flags, ok, group=world)  # each host's file exists once it returns
         if all(flags) and shared:
             try:
                 segment = _map(path, nbytes)
