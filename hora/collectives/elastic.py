@@ -43,9 +43,8 @@ __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "run"]
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
-#: how many in-place resets `run` allows before it re-raises (Horovod's --reset-limit): resets
-#: with every process alive (a failure that may come again); a world re-formed after a lost
-#: rank is not counted
+#: how many in-place resets with every process alive `run` allows before it re-raises
+#: (Horovod's --reset-limit); a world re-formed after a lost rank is not counted
 RESET_LIMIT_ENV = "HORA_ELASTIC_RESET_LIMIT"
 DEFAULT_RESET_LIMIT = 10
 #: how long a rank whose collective failed waits for the driver's word to re-form in place
