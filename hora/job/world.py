@@ -267,7 +267,7 @@ class World:
         rank is gone, and at least min_np are left."""
         return (
             self.min_np is not None
-            and not self.formed & (set(self.members) | {self.id_of(x.rank) for x in losses})
+            and not self.formed & set(self.members)  # the lost ranks are members still
             and len(survivors) >= self.min_np
             and all(loss.gone and not loss.own for loss in losses)
         )

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 import hora
 from hora.engines.spark.engine import CANCEL_WAIT_SECONDS
@@ -278,21 +277,6 @@ def _flapping_elastic_run(
     return plan, results, said, at
 
 
-def _check_trained_every_sample_once(
-    plan: elastic_jobs.Plan, results: list[dict[str, Any]]
-) -> list[int]:
-    """Every sample of every epoch trained once; every rank's weights those of one process on the
-    same steps. Returns each world's size."""
-    steps, worlds, _ = elastic_jobs.kept_steps(plan.folder)
-    epochs = elastic_jobs.samples_per_epoch(steps)
-    assert epochs == {e: list(range(plan.samples)) for e in range(plan.epochs)}
-    want = elastic_jobs.reference(plan, steps)
-    for r in results:
-        for key, value in want.items():
-            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-9)
-    return worlds
-
-
 def _longest_pause(plan: elastic_jobs.Plan) -> float:
     """The longest time between two steps of a rank of the first world."""
     logs = elastic_jobs.read_logs(plan.folder)[0, 0]
@@ -311,7 +295,7 @@ def test_a_link_down_for_less_than_the_heartbeat_timeout_does_not_stop_an_elasti
     note(f"  flap under the timeout: the ranks paused {pause:.1f} s")
     err = said.text()
     assert "hora: resiz" not in err and "hora: attempt" not in err and "no word" not in err, err
-    assert _check_trained_every_sample_once(plan, results) == [NP]
+    assert elastic_jobs.check_trained_once(plan, results, atol=1e-9)[1] == [NP]
     assert pause >= FLAP_SECONDS - 1, pause  # the outage was mid-run
     assert {r["world"] for r in results} == {NP}
 
@@ -335,7 +319,7 @@ def test_a_link_down_for_longer_than_the_heartbeat_timeout_is_reported_and_the_r
     assert failed and silent in failed[0][1], err
     reported = failed[0][0] - at["down"]
     resumed = [when for when, line in said.lines if "hora: the ranks resumed from commit" in line]
-    worlds = _check_trained_every_sample_once(plan, results)
+    worlds = elastic_jobs.check_trained_once(plan, results, atol=1e-9)[1]
     note(
         f"  flap over the timeout: reported {reported:.1f} s into the outage ({failed[0][1]}); "
         f"the link back {at['up'] - at['down']:.1f} s into it; the ranks resumed "

@@ -460,6 +460,22 @@ def check_grew_in_place(err: str, small: int, full: int, commit: int) -> None:
     ), err
 
 
+def check_trained_once(
+    plan: Plan, results: list[dict[str, Any]], atol: float
+) -> tuple[list[Step], list[int]]:
+    """Every sample of every epoch trained once in the final model, and every rank's weights
+    those of one process on the same steps (to `atol`). Returns the kept steps and each world's
+    size (`kept_steps`)."""
+    steps, worlds, _ = kept_steps(plan.folder)
+    epochs = samples_per_epoch(steps)
+    assert epochs == {e: list(range(plan.samples)) for e in range(plan.epochs)}, epochs
+    want = reference(plan, steps)
+    for r in results:
+        for key, value in want.items():
+            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=atol)
+    return steps, worlds
+
+
 def samples_per_epoch(steps: list[Step]) -> dict[int, list[int]]:
     """epoch -> every sample index trained in it, sorted (repeats kept)."""
     seen: dict[int, list[int]] = defaultdict(list)
