@@ -35,12 +35,23 @@ EXIT_INTERRUPTED = 130
 # A stop request from outside (a scheduler's cancel, a preemption, `kill`, a closed terminal).
 _TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
-_NO_HOSTS = (
-    "{option} is not supported: hora does not log into other hosts. It runs the ranks on this "
-    "machine (--backend local), as one Spark barrier stage (--backend spark) or as Ray actors "
-    "(--backend ray): to use several machines, run on a Spark cluster with --backend spark, "
-    "where each rank is a task on an executor, or on a Ray cluster with --backend ray."
-)
+
+def _no_hosts(option: str) -> str:
+    """Why horovodrun's host options are refused, and which engines reach other machines."""
+    clusters = " or ".join(f"--backend {e.name}" for e in engines.engines() if not e.on_this_host)
+    return (
+        f"{option} is not supported: hora does not log into other hosts. It runs the ranks on "
+        f"this machine (--backend {engines.DEFAULT}) or on a cluster, through its engine "
+        f"({clusters}): to use several machines, run on such a cluster with its --backend "
+        "(`hora run --help` says what each engine runs on)."
+    )
+
+
+def _backend_help() -> str:
+    """One line per engine, from the registry: hora's own and those of entry points."""
+    lines = [f"{e.name}: {e.summary}" for e in engines.engines() if e.summary]
+    lines += [f"{name}: cannot be used (--backend {name} says why)" for name in engines.broken()]
+    return "; ".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,15 +78,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     run_cmd.add_argument(
         "--backend",
-        choices=sorted(engines.names(), key=lambda name: name != engines.DEFAULT),
+        # a broken entry point is a choice too: asking for it says what is wrong with it
+        choices=sorted(
+            (*engines.names(), *engines.broken()), key=lambda name: name != engines.DEFAULT
+        ),
         default=engines.DEFAULT,
-        help="; ".join(f"{e.name}: {e.summary}" for e in engines.engines() if e.summary),
+        help=_backend_help(),
     )
     run_cmd.add_argument(
         "--remote",
         metavar="URL",
-        help="with --backend spark: run on the Spark Connect server at URL (sc://host:port, or "
-        "local[N] for one in this process), as pyspark's --remote; SPARK_REMOTE does the same",
+        help=f"with --backend {' or '.join(_remote_takers())}: run on the Spark Connect server "
+        "at URL (sc://host:port, or local[N] for one in this process), as pyspark's --remote; "
+        "SPARK_REMOTE does the same",
     )
     run_cmd.add_argument(
         "--timeout", type=float, default=None, help="stop the job after this many seconds"
@@ -157,6 +172,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _remote_takers() -> list[str]:
+    """The engines whose session takes `--remote` (a Spark Connect server)."""
+    return [e.name for e in engines.engines() if "remote" in e.session_options]
+
+
 class _Refused(argparse.Action):
     """An option horovodrun has and hora deliberately does not: remember which, refuse later."""
 
@@ -191,8 +211,8 @@ def _job_env(ns: argparse.Namespace) -> dict[str, str]:
 
 def _run(ns: argparse.Namespace) -> None:
     if ns.hosts_option:
-        raise UsageError(_NO_HOSTS.format(option=ns.hosts_option))
-    takers = [e.name for e in engines.engines() if "remote" in e.session_options]
+        raise UsageError(_no_hosts(ns.hosts_option))
+    takers = _remote_takers()
     if ns.remote and ns.backend not in takers:
         raise UsageError(
             f"--remote names a Spark Connect server: use it with --backend {' or '.join(takers)}"

@@ -121,8 +121,8 @@ class RunConfig:
 
     @property
     def most_ranks(self) -> int:
-        """The most ranks any attempt of the run may have."""
-        return self.max_np if self.max_np is not None else self.np
+        """The most ranks any attempt of the run may have (`hora.engines.most_ranks`)."""
+        return engines.most_ranks(self.np, self.max_np)
 
     def _check_elastic(self) -> None:
         """1 <= min_np <= np <= max_np, ints, on an engine that can count its free slots."""

@@ -1,32 +1,85 @@
-"""The engines that can run a job, in one open registry: an engine is one folder here, or a
-third party's `register(Engine(...))`; nothing above this package names one.
+"""The engines that can run a job, in one open registry, and everything an engine author needs.
+
+An engine is one folder here, a third party's `register(Engine(...))`, or a distribution's entry
+point in the `hora.engines` group (`entry_points`); nothing above this package names one.
 
 Each engine package (`hora.engines.local`, `.spark`, `.ray`) declares an `Engine` in its
 `__init__` (its public face, the only module of it the doors import): its name, how it knows it
-is active (for `backend="auto"`), the options it takes, where its launcher lives and what a rank
-runs first. The declaration imports nothing heavy: the launcher's module (and with it pyspark or
-ray) is imported only when a launcher is built, so `RunConfig(np=2)` or asking whether Spark is
-active never loads an engine. `RunConfig`, the doors and the CLI ask this registry.
+is active (for `backend="auto"`), the options it takes, where its launcher lives (its
+`launcher` module) and what a rank runs first. The declaration imports nothing heavy: the
+launcher's module (and with it pyspark or ray) is imported only when a launcher is built, so
+`RunConfig(np=2)` or asking whether Spark is active never loads an engine. `RunConfig`, the
+doors and the CLI ask this registry.
 
 Words: the public keyword is `backend=` (Horovod's and pyspark's); inside hora, an `Engine` is
 what runs ranks, and `backend` is only ever its name.
 
-Beside the registry: `base` (what every launcher implements, and the `AttemptSpec` it gets),
-`process` (one worker process), `rendezvous` (the torch store the launcher hosts), `supervisor`
-(a rank's supervisor on a cluster engine, shared by Spark tasks and Ray actors).
+This module is also the engine author's one import (docs/engines.md): the contract (`Launcher`,
+`AttemptSpec`, `LaunchContext`), the messages a launcher reports (`Output`, `Exited`,
+`EngineFailed`) and the `Boot` a worker reads, a rank's environment (`placements`,
+`worker_env`), its process (`WorkerProcess`, `stop_all`), the torch store a launcher hosts
+(`host_store`), a cluster rank's supervisor (`supervised_worker`), and what of the driver's code
+goes to ranks elsewhere (`hora_zip`, `rank_pythonpath`, `ships`).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from hora.engines.base import AttemptSpec as AttemptSpec
-from hora.engines.base import LaunchContext as LaunchContext
-from hora.engines.base import Launcher as Launcher
+from hora._shipping import hora_package_dir, hora_zip, is_users_module, rank_pythonpath, ships
+from hora.engines.base import AttemptSpec, LaunchContext, Launcher, most_ranks
+from hora.engines.declaration import Engine
+from hora.engines.entry_points import GROUP, BrokenEntryPoint, discover
+from hora.engines.process import WorkerProcess, describe_exit, stop_all
+from hora.engines.rendezvous import host_store
+from hora.engines.supervisor import SupervisedWorker, supervised_worker
+from hora.environment import RankPlacement, joining_order, placements, worker_env
+from hora.wire.protocol import Boot, EngineFailed, Exited, Output, Plan
+
+__all__ = [
+    "DEFAULT",
+    "ENGINE_PACKAGES",
+    "GROUP",
+    "AttemptSpec",
+    "Boot",
+    "BrokenEntryPoint",
+    "Engine",
+    "EngineFailed",
+    "Exited",
+    "LaunchContext",
+    "Launcher",
+    "Output",
+    "Plan",
+    "RankPlacement",
+    "SupervisedWorker",
+    "WorkerProcess",
+    "active",
+    "broken",
+    "check_options",
+    "describe_exit",
+    "engines",
+    "for_cluster",
+    "get",
+    "hora_package_dir",
+    "hora_zip",
+    "host_store",
+    "is_users_module",
+    "joining_order",
+    "most_ranks",
+    "names",
+    "placements",
+    "rank_pythonpath",
+    "register",
+    "resolve",
+    "ships",
+    "stop_all",
+    "supervised_worker",
+    "unregister",
+    "worker_env",
+]
 
 #: Where hora's own engines are declared. The order is `auto`'s: the first active engine wins,
 #: so a cluster the program has started (a SparkSession, then `ray.init()`) is preferred to this
@@ -36,64 +89,6 @@ ENGINE_PACKAGES = ("hora.engines.spark", "hora.engines.ray", "hora.engines.local
 DEFAULT = "local"
 
 
-@dataclass(frozen=True)
-class Engine:
-    """One engine as the doors see it."""
-
-    name: str
-    #: whether the program has this engine's cluster at hand (`auto`); never imports a framework
-    is_active: Callable[[], bool]
-    #: "module:Class" of its `Launcher`, imported only when a launcher is built; the class takes
-    #: `(spec: AttemptSpec)` and checks the engine (cluster, slots, Python) before anything
-    #: starts
-    launcher: str
-    #: the options it takes (`engine_options=`), name -> what it means
-    options: Mapping[str, str] = field(default_factory=dict)
-    #: turns the user's `engine_options` into the engine's own (defaults filled in), or raises
-    #: ValueError saying what to change
-    check_options: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
-    #: whether every rank runs on this machine (a script then need not exist elsewhere)
-    on_this_host: bool = False
-    #: for `hora run --backend NAME`: "module:function" of a context manager that starts and
-    #: stops the engine's cluster connection (a SparkSession, `ray.init()`), raising ValueError
-    #: when it cannot; None when the engine needs none
-    cli_session: str | None = None
-    #: the keyword options `cli_session` takes (Spark's "remote": `hora run --remote URL`)
-    session_options: tuple[str, ...] = ()
-    #: one line for `hora run --help`
-    summary: str = ""
-    #: "module:function" of `(spec, held) -> int`: how many ranks of this job (`spec`: its
-    #: options and GPUs) the cluster could run now, `held` being the ranks this job's running
-    #: attempt holds (0 between attempts); None when the engine cannot tell, and then it runs
-    #: no elastic job (min_np/max_np)
-    capacity: str | None = None
-    #: "module:function" every rank calls with its `hora.wire.protocol.Boot` before the job
-    #: runs, in the rank's process (Spark's: pyspark's TaskContext becomes the rank's task);
-    #: None when the engine's ranks need nothing
-    rank_setup: str | None = None
-
-    def make_launcher(self, spec: AttemptSpec) -> Launcher:
-        """The launcher of one attempt; a restart's (`spec.restart`) waits, up to
-        `spec.start_timeout`, for lost capacity to return."""
-        launcher_class = _load(self.launcher)
-        return launcher_class(spec)
-
-    def free_ranks(self, spec: AttemptSpec, held: int = 0) -> int:
-        """`capacity`'s answer: how many ranks the cluster could run now (elastic runs)."""
-        if self.capacity is None:
-            raise ValueError(f"the {self.name!r} engine cannot count its free slots")
-        return int(_load(self.capacity)(spec, held))
-
-    def session(self, **options: Any) -> AbstractContextManager[None] | None:
-        """A fresh `cli_session` context (with `options`, e.g. Spark's `remote`), or None."""
-        return _load(self.cli_session)(**options) if self.cli_session else None
-
-
-def _load(where: str) -> Any:
-    module, _, name = where.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def _declared(package: str) -> Engine:
     engine = importlib.import_module(package).ENGINE
     if not isinstance(engine, Engine):
@@ -101,16 +96,32 @@ def _declared(package: str) -> Engine:
     return engine
 
 
-#: every engine by name, in `auto`'s order; hora's own are read from ENGINE_PACKAGES on first use
-_registry: dict[str, Engine] = {}
+#: the entry points that gave no engine, by name: asking for one raises its message
+_broken: dict[str, BrokenEntryPoint] = {}
 
 
+@functools.cache
 def _engines() -> dict[str, Engine]:
-    if not _registry:
-        for package in ENGINE_PACKAGES:
-            engine = _declared(package)
-            _registry.setdefault(engine.name, engine)
-    return _registry
+    """Every engine by name, in `auto`'s order: filled once, on first use, from ENGINE_PACKAGES
+    and the entry points; `register` and `unregister` change it in place."""
+    table: dict[str, Engine] = {}
+    for package in ENGINE_PACKAGES:
+        engine = _declared(package)
+        table.setdefault(engine.name, engine)
+    found, broken_ones = discover(tuple(table))
+    _broken.update((b.name, b) for b in broken_ones)
+    for engine in found:
+        _insert(table, engine)
+    return table
+
+
+def _insert(table: dict[str, Engine], engine: Engine) -> None:
+    """Add `engine` before this machine's engine in `auto`'s order."""
+    ordered = list(table.values())
+    at = next((i for i, e in enumerate(ordered) if e.on_this_host), len(ordered))
+    ordered.insert(at, engine)
+    table.clear()
+    table.update((e.name, e) for e in ordered)
 
 
 def register(engine: Engine, override: bool = False) -> None:
@@ -130,11 +141,8 @@ def register(engine: Engine, override: bool = False) -> None:
             )
         table[engine.name] = engine
         return
-    ordered = list(table.values())
-    at = next((i for i, e in enumerate(ordered) if e.on_this_host), len(ordered))
-    ordered.insert(at, engine)
-    table.clear()
-    table.update((e.name, e) for e in ordered)
+    _broken.pop(engine.name, None)  # a program's own engine replaces a broken entry point
+    _insert(table, engine)
 
 
 def unregister(name: str) -> None:
@@ -151,12 +159,22 @@ def engines() -> Iterator[Engine]:
 
 
 def names() -> tuple[str, ...]:
+    """Every engine's name, in `auto`'s order."""
     return tuple(_engines())
+
+
+def broken() -> dict[str, str]:
+    """The entry points of the `hora.engines` group that gave no engine: name -> why, as a run
+    that asks for one is told (the CLI lists them)."""
+    _engines()
+    return {name: entry.message() for name, entry in _broken.items()}
 
 
 def get(name: str) -> Engine:
     """The engine called `name`; a ValueError lists the others."""
     found = _engines().get(name) if isinstance(name, str) else None
+    if found is None and name in _broken:
+        raise ValueError(_broken[name].message())
     if found is None:
         raise ValueError(f"backend must be one of {names()}, got {name!r}")
     return found

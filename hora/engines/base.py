@@ -49,7 +49,14 @@ class AttemptSpec:
 
     @property
     def most_ranks(self) -> int:
-        return self.max_np if self.max_np is not None else self.np
+        """The most ranks any attempt of the run may have (`most_ranks`)."""
+        return most_ranks(self.np, self.max_np)
+
+
+def most_ranks(np: int, max_np: int | None) -> int:
+    """The most ranks any attempt of a run may have: `max_np` where the run is elastic, else
+    `np`. The one place that says it (`RunConfig.most_ranks` and `AttemptSpec.most_ranks`)."""
+    return max_np if max_np is not None else np
 
 
 @dataclass(frozen=True)
@@ -74,29 +81,44 @@ class LaunchContext:
 
 
 class Launcher(ABC):
-    """Where and how workers are started. One subclass per engine, built with `(spec)`: it
-    checks the engine (cluster, slots, Python) before anything starts."""
+    """Where and how workers are started: the engine author's contract. One subclass per engine,
+    built with `(spec)`, which checks the engine (cluster, slots, Python) before anything starts.
 
-    #: the interface the driver's channel listens on; workers must be able to reach it
+    Everything hora reads of a launcher is declared here, with the default an engine that
+    says nothing gets; `hora.job` reads these as plain attributes, through its `WorkerGroup`.
+    Only `start` and `stop` must be written; the rest is for engines that run elastic jobs
+    in place, or ranks on other machines.
+    """
+
+    #: the interface the driver's channel listens on; workers must be able to reach it (read by
+    #: `hora.job.group.WorkerGroup.start`, which opens the channel there)
     channel_host: str = "127.0.0.1"
-    #: whether log lines should name the host as well as the rank
+    #: whether log lines should name the host as well as the rank, and a failure story the lost
+    #: host (read by `hora.job.monitor` and `hora.job.driver`)
     multi_host: bool = False
     #: whether a lost rank may leave the others running, to re-form in place (an elastic run's
     #: `hvd.elastic.run`): the launcher then keeps the survivors' processes and rendezvous store
+    #: (read by `hora.job.driver`, which then lets the monitor re-form the world)
     reforms_in_place: bool = False
-    #: whether `add` can start ranks into the running attempt, to grow it in place
+    #: whether `add` can start ranks into the running attempt, to grow it in place (read by
+    #: `hora.job.driver` and `hora.job.monitor`)
     grows_in_place: bool = False
     #: whether the engine's count of free slots is true at once (no lost host's executors still
     #: counted, no replacement yet to register): an elastic run then waits no settle time
-    #: before it grows back or sizes its next attempt (unless HORA_ELASTIC_SETTLE_SECONDS says)
+    #: before it grows back or sizes its next attempt, unless HORA_ELASTIC_SETTLE_SECONDS says
+    #: (read by `hora.job.driver`)
     exact_count: bool = False
     #: whether the ranks run where the driver's own modules cannot be imported (other machines,
-    #: a Connect server): the user's modules then travel by value with the job (`ship_code`)
+    #: a Connect server): the user's modules then travel by value with the job, as `ship_code`
+    #: allows (read by `hora.job.launch`, before the job is pickled); hora itself is the
+    #: engine's to ship (`hora.engines.hora_zip`, `rank_pythonpath`)
     ranks_elsewhere: bool = False
 
     @abstractmethod
     def start(self, ctx: LaunchContext) -> None:
-        """Start the workers and return; progress arrives as events on `ctx.events`."""
+        """Start the workers and return; progress arrives as events on `ctx.events` (`Output`,
+        `Exited`, `EngineFailed` through `ctx.report`; the workers dial `ctx.address`
+        themselves). Called once, by `WorkerGroup.start`."""
 
     def add(
         self, joiners: list[tuple[int, int]], running: list[int], env: Mapping[str, str]
@@ -107,17 +129,18 @@ class Launcher(ABC):
         The engine chooses the new workers' hosts, so it gives each its placement in the larger
         world from every rank's host as the engine names it (`environment.joining_order` pairs
         the new slots with the joiners); `env` is added to the attempt's. Returns at once: a
-        worker that cannot start is reported (`EngineFailed`) under its id. Only where
-        `grows_in_place`."""
+        worker that cannot start is reported (`EngineFailed`) under its id. Called by
+        `hora.job.in_place` only where `grows_in_place`."""
         raise NotImplementedError(f"{type(self).__name__} cannot grow an attempt in place")
 
     def spare(self) -> int:
         """How many more ranks the started attempt could add in what it already holds, though
         the cluster's free resources do not show it (a Ray placement group's bundles whose
-        actors were lost, reserved again on a live node): the growth watch adds it to the
-        engine's count."""
+        actors were lost, reserved again on a live node): the growth watch of
+        `hora.job.driver` adds it to the engine's count. 0 by default."""
         return 0
 
     @abstractmethod
     def stop(self) -> None:
-        """Stop every worker (SIGTERM, then SIGKILL) and release all resources. Idempotent."""
+        """Stop every worker (SIGTERM, then SIGKILL) and release all resources. Idempotent:
+        `WorkerGroup.stop` calls it after every attempt, also one that never started."""

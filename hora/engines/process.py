@@ -28,7 +28,9 @@ _PUMP_GRACE_SECONDS = 1.0
 
 
 class WorkerProcess:
-    """`python -m hora.rank.worker` for one rank; `on_exit` fires after its last output line."""
+    """`python -m hora.rank.worker` for one rank; `on_exit` fires after its last output line.
+    `python`: the interpreter that runs it, this one unless the engine's ranks run another
+    (which then finds hora where `env`'s PYTHONPATH says: `hora.engines.rank_pythonpath`)."""
 
     def __init__(
         self,
@@ -37,9 +39,10 @@ class WorkerProcess:
         on_line: OnLine,
         on_exit: OnExit,
         cwd: str | None = None,
+        python: str | None = None,
     ):
         self._proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "hora.rank.worker"],
+            [python or sys.executable, "-u", "-m", "hora.rank.worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -27,7 +27,7 @@ from hora import environment
 from hora._output_files import OutputFiles
 from hora.checkpoint import remove_host_commits
 from hora.config import RunConfig
-from hora.engines.base import AttemptSpec
+from hora.engines import AttemptSpec
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
 from hora.job import callbacks
 from hora.job.elastic import AttemptResized, FreeSlots, Sizer, TooFewSlots, settle_given
@@ -38,7 +38,17 @@ from hora.timeline import DriverTimeline
 
 
 class StartableGroup(Group, Protocol):
-    """A group the driver can start and stop (`WorkerGroup`, or a test's fake)."""
+    """A group the driver can start and stop: a `WorkerGroup` (one attempt's launcher and its
+    channel), or a test's fake. What it says of its engine is its launcher's
+    (`hora.engines.Launcher`, where each is declared with its default)."""
+
+    @property
+    def reforms_in_place(self) -> bool: ...
+
+    @property
+    def exact_count(self) -> bool: ...
+
+    def spare(self) -> int: ...
 
     def start(self) -> None: ...
 
@@ -243,15 +253,15 @@ class Job:
         if attempt.index:
             _say(f"hora: {attempt} starting" + (f" ({attempt.np} ranks)" if config.elastic else ""))
         group, self._first = self._first or self.new_group(self._spec(attempt, deadline)), None
-        self._settles = settle_given() or not getattr(group, "exact_count", False)
-        in_place = (config.min_np or 1) if config.elastic and _reforms(group) else None
+        self._settles = settle_given() or not group.exact_count
+        in_place = (config.min_np or 1) if config.elastic and group.reforms_in_place else None
         watchers = callbacks.for_attempt(
             attempt.index,
             timeline,
             self.metrics,
             self.output_files,
             self._growth(
-                attempt, in_place is not None and _grows(group), group, in_place is not None
+                attempt, in_place is not None and group.grows_in_place, group, in_place is not None
             ),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
@@ -308,8 +318,8 @@ class Job:
         sizer = self.sizer
         if sizer is None:
             return None
-        # by a restart as before, with an attempt left to grow into: one that started below
-        # max_np, or may shrink in place (and grows back by a restart where not in place)
+        # by a restart while the budget has an attempt left, for an attempt that started below
+        # max_np, or one that may shrink in place (growing back by a restart where not in place)
         below = attempt.np < sizer.max_np or shrinks
         restart = below and attempt.index < self.policy.max_restarts
         if not (in_place or restart):
@@ -335,20 +345,9 @@ class Job:
         )
 
 
-def _reforms(group: StartableGroup) -> bool:
-    """Whether the group's engine lets a lost rank's survivors re-form in place."""
-    return bool(getattr(group, "reforms_in_place", False))
-
-
-def _grows(group: StartableGroup) -> bool:
-    """Whether the group's engine can start ranks into a running attempt, to grow it in place."""
-    return bool(getattr(group, "grows_in_place", False))
-
-
 def _spare(group: StartableGroup | None) -> int:
     """Ranks the group's attempt could add in what it holds already (`Launcher.spare`)."""
-    spare = getattr(group, "spare", None)
-    return int(spare()) if spare is not None else 0
+    return group.spare() if group is not None else 0
 
 
 def _wait(start_timeout: float, deadline: float | None) -> float:

@@ -8,8 +8,9 @@ barrier stage. Stale messages of a stopped attempt cannot reach the next one.
 from __future__ import annotations
 
 import queue
+from collections.abc import Mapping
 
-from hora.engines.base import LaunchContext, Launcher
+from hora.engines import LaunchContext, Launcher
 from hora.wire import channel
 from hora.wire.protocol import ALLOWED
 
@@ -17,7 +18,9 @@ from hora.wire.protocol import ALLOWED
 class WorkerGroup:
     """The workers `launcher` starts (its `AttemptSpec` says how many); everything they and the
     launcher report arrives on `events` as `(connection or None, message)` pairs. `rank_setup`:
-    the engine's, which every worker runs before the job."""
+    the engine's, which every worker runs before the job. What the group says of its engine
+    (`multi_host`, `reforms_in_place`, ...) is its launcher's, as `hora.engines.Launcher`
+    declares it: the driver and the monitor read it here."""
 
     def __init__(self, launcher: Launcher, rank_setup: str | None = None):
         self.launcher = launcher
@@ -45,7 +48,9 @@ class WorkerGroup:
         """Whether the engine's count of free slots needs no settle time (the launcher's say)."""
         return self.launcher.exact_count
 
-    def add(self, joiners: list[tuple[int, int]], running: list[int], env: dict[str, str]) -> None:
+    def add(
+        self, joiners: list[tuple[int, int]], running: list[int], env: Mapping[str, str]
+    ) -> None:
         """Start new ranks into the running attempt, to grow it in place (`Launcher.add`)."""
         self.launcher.add(joiners, running, env)
 

@@ -8,7 +8,7 @@ from typing import Any
 from hora import _shipping, engines
 from hora._payload import dumps_job
 from hora.config import RunConfig
-from hora.engines.base import AttemptSpec
+from hora.engines import AttemptSpec
 from hora.job.driver import Job
 from hora.job.group import WorkerGroup
 

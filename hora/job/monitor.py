@@ -59,6 +59,9 @@ class Group(Protocol):
     @property
     def multi_host(self) -> bool: ...
 
+    @property
+    def grows_in_place(self) -> bool: ...
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -222,7 +225,7 @@ class Monitor:
         next commit; False when they cannot (the run may grow by a restart instead)."""
         if self.failures:
             return False
-        can_add = bool(getattr(self.group, "grows_in_place", False))
+        can_add = self.group.grows_in_place
         start = self.world.grow(size, can_add, time.monotonic(), self.start_timeout, time.time())
         self._decided(start)
         return start is not None

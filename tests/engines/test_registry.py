@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 import hora
@@ -46,3 +49,26 @@ def test_spark_options_are_checked_and_completed_without_pyspark():
         RunConfig(np=2, backend="spark", engine_options={"task_gpu_counts": [1, -1]})
     with pytest.raises(ValueError, match="gpu_resource must be a Spark resource name"):
         RunConfig(np=2, backend="spark", engine_options={"gpu_resource": ""})
+
+
+def test_the_engine_authors_face_lists_what_it_has_and_loads_no_framework():
+    """`hora.engines` is all an engine author imports (docs/engines.md); importing it, and
+    reading every engine's declaration, loads neither pyspark, ray nor torch."""
+    code = (
+        "import sys\n"
+        "import hora.engines as face\n"
+        "face.names(), face.broken()\n"
+        "print([n for n in face.__all__ if not hasattr(face, n)])\n"
+        "print([m for m in ('pyspark', 'ray', 'torch') if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == ["[]", "[]"]
+    wanted = {"Launcher", "AttemptSpec", "LaunchContext", "Boot", "Output", "Exited"}
+    wanted |= {"EngineFailed", "placements", "worker_env", "WorkerProcess", "stop_all"}
+    wanted |= {"host_store", "supervised_worker", "hora_zip", "rank_pythonpath", "most_ranks"}
+    assert wanted <= set(engines.__all__)
+
+
+def test_the_most_ranks_of_a_run_are_said_in_one_place():
+    assert engines.most_ranks(2, None) == 2 and engines.most_ranks(2, 4) == 4
+    assert RunConfig(np=2, max_np=4).most_ranks == engines.AttemptSpec(np=2, max_np=4).most_ranks

@@ -17,7 +17,7 @@ import pytest
 import hora
 from hora.config import RunConfig
 from hora.engines.base import AttemptSpec, LaunchContext
-from hora.engines.spark.engine import SparkLauncher
+from hora.engines.spark.launcher import SparkLauncher
 from hora.spark import TorchDistributor
 from hora.wire import channel as _channel
 from hora.wire.protocol import ALLOWED, EngineFailed, Hello, Refuse, TaskReady

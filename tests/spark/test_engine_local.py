@@ -190,7 +190,7 @@ def test_use_gpu_without_gpu_tasks_is_refused(spark):
     """The engine's own check (the doors refuse earlier, in their constructors)."""
     from hora.config import RunConfig
     from hora.engines.base import AttemptSpec
-    from hora.engines.spark.engine import SparkLauncher
+    from hora.engines.spark.launcher import SparkLauncher
 
     options = RunConfig(np=2, backend="spark").engine_options
     with pytest.raises(ValueError, match=r"spark.task.resource.gpu.amount"):

@@ -1,7 +1,7 @@
 """The Ray engine: `hora.run(fn, np=N, backend="ray")` (or `auto` after `ray.init()`) runs each
 rank as a Ray actor, one per bundle of a placement group. See docs/ray.md.
 
-- `engine`: the launcher on the driver (placement group, actors, watching them, stopping).
+- `launcher`: the launcher on the driver (placement group, actors, watching them, stopping).
 - `actor`: a rank's actor, which supervises the rank's worker process.
 - `options`: the engine's options and `hora run --backend ray`'s session.
 
@@ -14,10 +14,10 @@ from hora.engines.ray.options import OPTIONS, check_options, ray_is_active
 ENGINE = Engine(
     name="ray",
     is_active=ray_is_active,
-    launcher="hora.engines.ray.engine:RayLauncher",
+    launcher="hora.engines.ray.launcher:RayLauncher",
     options=OPTIONS,
     check_options=check_options,
     cli_session="hora.engines.ray.options:cli_session",
-    capacity="hora.engines.ray.engine:capacity",
+    capacity="hora.engines.ray.launcher:capacity",
     summary="one Ray actor per rank in a placement group (RAY_ADDRESS's cluster, else a local Ray)",
 )

@@ -1,6 +1,6 @@
 """The Spark engine: one barrier stage of `np` tasks on the active SparkSession, one rank per task.
 
-- `engine`: the launcher on the driver (the stage, the supervisors' rendezvous, stopping).
+- `launcher`: the launcher on the driver (the stage, the supervisors' rendezvous, stopping).
 - `session`: the active session, classic or Spark Connect (`Session`: what the engine needs of
   it), and the one `hora run --backend spark` starts.
 - `classic`, `connect`: the stage on each kind of session (an RDD barrier stage; a barrier
@@ -40,12 +40,12 @@ __all__ = [
 ENGINE = Engine(
     name="spark",
     is_active=lambda: active_session() is not None,
-    launcher="hora.engines.spark.engine:SparkLauncher",
+    launcher="hora.engines.spark.launcher:SparkLauncher",
     options=OPTIONS,
     check_options=check_options,
     cli_session="hora.engines.spark.session:cli_session",
     session_options=("remote",),
-    capacity="hora.engines.spark.engine:capacity",
+    capacity="hora.engines.spark.launcher:capacity",
     rank_setup="hora.engines.spark.task_context:rank_setup",
     summary="one barrier stage on a SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS, "
     "or a Spark Connect session with --remote / SPARK_REMOTE)",

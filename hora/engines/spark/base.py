@@ -69,7 +69,7 @@ class Session(ABC):
         self, driver: dict[str, str], spec: Mapping[str, Any], tag: str, description: str
     ) -> Any:
         """Run one task of `entry` as a Spark job of its own, tagged `tag`: its loss ends no
-        other task (an elastic run's ranks, `engine`). Blocks until it ends; its rows."""
+        other task (an elastic run's ranks, `launcher`). Blocks until it ends; its rows."""
         raise NotImplementedError(f"a {self.kind} session runs hora's tasks in one barrier stage")
 
     @abstractmethod

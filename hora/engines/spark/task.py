@@ -34,7 +34,7 @@ class TaskSpec:
     sys_path: tuple[str, ...]  # the driver's import path, appended in the worker
     gpu_resource: str | None = None  # the Spark resource of the rank's GPUs; None: no GPUs
     rank_setup: str = ""  # what the worker runs before the job (Engine.rank_setup)
-    #: the task's slot where each rank is a Spark job of its own (`engine`: a lost one must not
+    #: the task's slot where each rank is a Spark job of its own (`launcher`: a lost one must not
     #: end the others); None: the task is one of a barrier stage, its slot its partition
     slot: int | None = None
 
