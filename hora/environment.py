@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hora.wire.protocol import RankPlacement as RankPlacement
+
 # Tells torch.distributed that the launcher hosts the TCPStore at MASTER_ADDR:MASTER_PORT and every
 # rank, rank 0 included, connects to it as a client. The launcher binds that port itself and keeps
 # it, so no rank ever races to bind a port somebody else might take.
@@ -50,18 +52,6 @@ DRIVER_VARS = (
     "HORA_ELASTIC_IN_PLACE",
     "HORA_ELASTIC_REFORM_WAIT_SECONDS",
 )
-
-
-@dataclass(frozen=True)
-class RankPlacement:
-    """Where one rank sits: its global, local (per host) and cross (host index) coordinates."""
-
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""The public packages list their names one by one (so that mypy sees them): still the union of
-the modules they star-import, so a name added to a module's `__all__` reaches every package."""
+"""The public packages' names: each package's `__all__` is built from the modules it star-imports
+and from the ops' specs (`hora.collectives.framework.op_faces`), so a name added to a module's
+`__all__`, or an op's face added to its spec, reaches every package."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def test_tensorflow_lists_init_ranks_and_process_sets():
     assert set(_basics.__all__) - {"NOT_INITIALIZED"} <= set(hvd.__all__)
 
 
-@pytest.mark.parametrize("module", ["hora.collectives", "hora.torch", "hora.tensorflow"])
+@pytest.mark.parametrize(
+    "module", ["hora.collectives", "hora.torch", "hora.tensorflow", "hora.tensorflow.keras"]
+)
 def test_every_listed_name_exists(module):
     package = pytest.importorskip(module)
     assert [name for name in package.__all__ if not hasattr(package, name)] == []

@@ -30,7 +30,7 @@ from hora.collectives._data import hierarchy, shm_setup
 from hora.collectives._data.groups import GroupInfo, destroy_groups, make_groups
 from hora.collectives._messages import ProcessSetChange
 from hora.collectives.ops import barrier
-from hora.environment import placements
+from hora.environment import RankPlacement, placements
 from hora.wire import link
 
 _atexit_registered = False
@@ -46,7 +46,7 @@ def _env_float(name: str, default: float) -> float:
 
 
 def timeout() -> timedelta:
-    """How long a backend or the negotiation channel waits for a silent peer."""
+    """How long a transport or the negotiation channel waits for a silent peer."""
     return timedelta(seconds=_env_float("HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0))
 
 
@@ -67,17 +67,16 @@ def _init_torch_distributed() -> bool:
     return True
 
 
-def _placement(rank: int, size: int, world: Any) -> tuple[int, int, int, int]:
-    """(local_rank, local_size, cross_rank, cross_size): from the launcher, else from host names."""
+def _placement(rank: int, size: int, world: Any) -> RankPlacement:
+    """This rank's coordinates: the launcher's, else worked out from the ranks' host names."""
     given = environment.current().placement
     if given is not None:
-        return given.local_rank, given.local_size, given.cross_rank, given.cross_size
+        return given._replace(rank=rank, size=size)
     if size == 1:
-        return 0, 1, 0, 1
+        return RankPlacement(rank, size, 0, 1, 0, 1)
     hosts: list[Any] = [None] * size
     dist.all_gather_object(hosts, socket.gethostname(), group=world)
-    p = placements([str(h) for h in hosts])[rank]
-    return p.local_rank, p.local_size, p.cross_rank, p.cross_size
+    return placements([str(h) for h in hosts])[rank]
 
 
 def init(
@@ -86,7 +85,7 @@ def init(
 ) -> None:
     """Start hora.torch on this process: every rank calls it; a second call does nothing.
 
-    After a failure stopped the engine (an error on some rank's engine thread, a lost peer),
+    After a failure stopped the loop (an error on some rank's loop thread, a lost peer),
     every op raises HorovodInternalError until the next `init()`, which starts a fresh world as
     `shutdown()` then `init()` would: the next test of a suite begins from a working world.
     After a peer's own `shutdown()` it stays a no-op, as in Horovod (call `shutdown()` first).
@@ -110,21 +109,18 @@ def init(
         )
     wait = timeout()
     world = make_world(rank, size, wait)
-    local_rank, local_size, cross_rank, cross_size = _placement(rank, size, world.gloo)
+    place = _placement(rank, size, world.gloo)
     groups: dict[int, GroupInfo] = {0: world}
-    loop = _start_loop(rank, size, (cross_rank, local_rank, local_size), groups, wait)
+    loop = _start_loop(
+        rank, size, (place.cross_rank, place.local_rank, place.local_size), groups, wait
+    )
     dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") in (
         "1",
         "true",
         "True",
     )
     _state.current = _state.State(
-        rank=rank,
-        size=size,
-        local_rank=local_rank,
-        local_size=local_size,
-        cross_rank=cross_rank,
-        cross_size=cross_size,
+        place=place,
         loop=loop,
         groups=groups,
         dynamic=dynamic,
@@ -171,7 +167,7 @@ def _start_loop(
     groups: dict[int, GroupInfo],
     wait: timedelta,
 ) -> CollectiveLoop:
-    """The engine thread, its negotiation star, and the world's data path beyond gloo: shared
+    """The loop thread, its negotiation star, and the world's data path beyond gloo: shared
     memory on one host, the hierarchical path on several. `local`: this rank's (cross rank,
     local rank, local size)."""
     world = groups[0]
@@ -265,7 +261,7 @@ def _negotiation_key(mode: str, store: Any, store_key: str) -> bytes:
 
 
 def barrier_all() -> None:
-    """A barrier through the engine (so it is ordered after any control message)."""
+    """A barrier through the loop (so it is ordered after any control message)."""
     barrier()
 
 
@@ -299,7 +295,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 
 
 def shutdown() -> None:
-    """Stop the engine and release hora's groups; `init()` may be called again afterwards."""
+    """Stop the loop and release hora's groups; `init()` may be called again afterwards."""
     state = _state.current
     if state is None:
         return

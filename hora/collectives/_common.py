@@ -32,7 +32,7 @@ class HorovodInternalError(RuntimeError):
 
 class CollectiveRefusedError(HorovodInternalError):
     """The coordinator refused an operation (the ranks disagree on its shape, dtype, op or root,
-    or it cannot run during a join): every member raises it and the engine goes on. Horovod's
+    or it cannot run during a join): every member raises it and the loop goes on. Horovod's
     precondition error, which its TensorFlow ops raise as tf.errors.FailedPreconditionError."""
 
 

@@ -1,17 +1,17 @@
-"""The engine's messages: what a rank asks rank 0 for, what rank 0 decides, and the controls a
-caller's thread hands its own engine.
+"""The collective loop's messages: what a rank asks rank 0 for, what rank 0 decides, and the
+controls a caller's thread hands its own loop.
 
 On the negotiation star (`channel`), one frame per round each way:
 - a worker to rank 0: `(drops_applied, items)`, a plain tuple (a NamedTuple costs ~5 us more per
   frame to pickle and unpickle, and a frame per operation is the common case), where
   `drops_applied` counts the `CacheDrop`s the worker has applied and each item is a `Request`, a
   response-cache id (a bare int standing for a request, see `cache`), `Join`, `Stop`, or
-  `Shutdown` (that rank's engine failed);
+  `Shutdown` (that rank's loop failed);
 - rank 0 to every rank: a list of `Bucket`, `Failure`, `JoinDone`, `CacheDrop` and `Shutdown`.
 `ProcessSetChange` only ever travels through a rank's own queue.
 
 Every class here is small and pickles fast; the channel's restricted unpickler admits exactly
-these. The engine tells them apart by `type(item) is ...` (a request is the common case).
+these. The loop tells them apart by `type(item) is ...` (a request is the common case).
 """
 
 from __future__ import annotations
@@ -21,15 +21,14 @@ from typing import NamedTuple
 
 from hora.collectives._common import Sum
 
+# The kinds' wire names, for the modules that name a kind besides its own op's (the transports,
+# the timeline, tests); each op's `OpSpec.kind` in `_data/algorithms/` is the one that counts.
 ALLREDUCE = "allreduce"
 ALLGATHER = "allgather"
 BROADCAST = "broadcast"
 ALLTOALL = "alltoall"
 REDUCESCATTER = "reducescatter"
 BARRIER = "barrier"
-
-# Kinds whose requests keep every rank's own shapes (they differ per rank in dim 0 or splits).
-PER_RANK_KINDS = (ALLGATHER, ALLTOALL)
 
 
 class Request(NamedTuple):
@@ -67,7 +66,7 @@ class Entry(NamedTuple):
 
 
 class Bucket(NamedTuple):
-    """Operations run together: one fused backend call (per dtype) when `kind` is fusable.
+    """Operations run together: one fused transport call (per dtype) when `kind` is fusable.
 
     On the wire a cache hit travels as its bare id (`__reduce__`), which each worker turns back
     into an entry (`cache.expand`): pickling and unpickling a full entry cost ~15 us per
@@ -105,8 +104,8 @@ class CacheDrop(NamedTuple):
 
 @dataclass(frozen=True)
 class Shutdown:
-    """Every engine stops and fails what is pending with `reason`: sent by rank 0 to all, or by a
-    worker whose engine failed (to rank 0, which then sends it to all)."""
+    """Every rank's loop stops and fails what is pending with `reason`: sent by rank 0 to all, or
+    by a worker whose loop failed (to rank 0, which then sends it to all)."""
 
     reason: str
 

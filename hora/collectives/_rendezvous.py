@@ -44,8 +44,9 @@ class Superseded(Exception):
         self.order = order
 
 
-def backend() -> str:
-    """gloo for CPU tensors, and NCCL for CUDA ones where there is a GPU."""
+def default_transports() -> str:
+    """The default group's transports (torch.distributed's `backend`): gloo for CPU tensors,
+    and NCCL for CUDA ones where there is a GPU."""
     if torch.cuda.is_available() and dist.is_nccl_available():
         return "cpu:gloo,cuda:nccl"
     return "gloo"
@@ -79,15 +80,7 @@ def init_default_group(here: RankEnvironment, wait: timedelta, opening: bool = F
 def take(order: Reform) -> RankEnvironment:
     """Write the place `order` gives this process, and its world's generation, where `init()`
     and the user's code read them."""
-    placement = environment.RankPlacement(
-        order.rank,
-        order.size,
-        order.local_rank,
-        order.local_size,
-        order.cross_rank,
-        order.cross_size,
-    )
-    os.environ.update(environment.placement_env(placement))
+    os.environ.update(environment.placement_env(order.place))
     os.environ[environment.GENERATION_VAR] = str(order.generation)
     return environment.current()
 
@@ -99,7 +92,9 @@ def _make_default_group(here: RankEnvironment, wait: timedelta, opening: bool) -
         if _first_world_may_re_form(here):  # lost ranks' survivors may still hear of a smaller
             _all_present(_store(here, 0, wait), rank, size, 0, wait)
         _formed(0)
-        dist.init_process_group(backend(), init_method="env://", rank=rank, world_size=size)
+        dist.init_process_group(
+            default_transports(), init_method="env://", rank=rank, world_size=size
+        )
         return
     store = _store(here, here.generation, wait)
     if opening:
@@ -111,7 +106,9 @@ def _make_default_group(here: RankEnvironment, wait: timedelta, opening: bool) -
         store.wait([OPEN_KEY], JOIN_WAIT)
     _all_present(store, rank, size, here.generation, wait)
     _formed(here.generation)
-    dist.init_process_group(backend(), store=store, rank=rank, world_size=size, timeout=wait)
+    dist.init_process_group(
+        default_transports(), store=store, rank=rank, world_size=size, timeout=wait
+    )
 
 
 def _first_world_may_re_form(here: RankEnvironment) -> bool:

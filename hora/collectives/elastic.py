@@ -48,10 +48,10 @@ R = TypeVar("R")
 RESET_LIMIT_ENV = "HORA_ELASTIC_RESET_LIMIT"
 DEFAULT_RESET_LIMIT = 10
 #: how long a rank whose collective failed waits for the driver's word to re-form in place
-#: before it resets as before (no rank was lost, or the engine cannot re-form)
+#: before it resets in its own world (no rank was lost, or the engine cannot re-form)
 REFORM_WAIT_ENV = "HORA_ELASTIC_REFORM_WAIT_SECONDS"
 DEFAULT_REFORM_WAIT = 10.0
-#: "0": never re-form in place; a lost rank restarts every rank, as before in-place recovery
+#: "0": never re-form in place: after a lost rank the driver restarts every rank
 IN_PLACE_ENV = environment.IN_PLACE_VAR
 
 
@@ -340,8 +340,8 @@ def _may_heal(error: Exception, reformable: bool) -> bool:
 
 def _after_failure(error: Exception, state: State, reformable: bool) -> Reform | None:
     """The driver's order to re-form (the state restores in the new world); else the state
-    restored here, to reset as before. A torch.distributed error that no lost rank explains
-    is the job's own: raised again."""
+    restored here, for a reset in this world (`shutdown()` + `init()`, sync). A
+    torch.distributed error that no lost rank explains is the job's own: raised again."""
     order = _await_reform() if reformable else None
     if order is None and not isinstance(error, HorovodInternalError):
         raise error
@@ -382,7 +382,7 @@ def _announce_in_place(able: bool, grows: bool = False) -> bool:
 
 
 def _await_reform() -> Reform | None:
-    """The driver's order to re-form, if a rank was lost; None after the wait (reset as before)."""
+    """The driver's order to re-form, if a rank was lost; None after the wait: the rank resets."""
     global _generation
     wait = float(os.environ.get(REFORM_WAIT_ENV) or DEFAULT_REFORM_WAIT)
     began = time.monotonic()
@@ -391,8 +391,8 @@ def _await_reform() -> Reform | None:
         _generation = order.generation
         log.warning(
             "re-forming in place as rank %d of %d (after %.1f s)",
-            order.rank,
-            order.size,
+            order.place.rank,
+            order.place.size,
             time.monotonic() - began,
         )
     return order

@@ -1,6 +1,6 @@
-"""Python objects across ranks: cloudpickled to bytes and sent through the engine's broadcast
-and allgather. hora.torch and hora.tensorflow both offer them (Horovod's `broadcast_object`,
-`allgather_object`)."""
+"""Python objects across ranks: cloudpickled to bytes and sent through the collective loop's
+broadcast and allgather. hora.torch and hora.tensorflow both offer them (Horovod's
+`broadcast_object`, `allgather_object`)."""
 
 from __future__ import annotations
 

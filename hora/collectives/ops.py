@@ -1,14 +1,15 @@
-"""Horovod's collectives, framework-neutral: the async, in-place and grouped forms.
+"""Each collective op's face, framework-neutral: its request with every argument explicit
+(`submit_*`, which the frameworks build their differentiable forms on: hora.torch._autograd,
+hora.tensorflow) and Horovod's async, in-place and grouped forms.
 
-Every call builds a request (name, shapes, dtypes, op) and hands it to the background engine,
-which negotiates it by name with the other ranks; the sync forms are `synchronize(*_async(...))`.
-The requests themselves, every argument explicit, are `framework`'s `submit_*`; the
-differentiable forms are the frameworks' (hora.torch._autograd, hora.tensorflow).
+Every call builds a request (name, shapes, dtypes, op) and hands it to the collective loop, which
+negotiates it by name with the other ranks; the sync forms are `synchronize(*_async(...))`. The
+names each op shows are its spec's (`OpSpec.faces`), from which `__all__` is built.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,19 +25,19 @@ from hora.collectives._common import (
 from hora.collectives._control import sparse as _sparse
 from hora.collectives._control import state as _state
 from hora.collectives._control.process_sets import ProcessSet, global_process_set
-from hora.collectives._control.requests import Tensors, first, submit
+from hora.collectives._control.requests import Tensors, first, group_of, submit
 from hora.collectives._control.sparse import SparseHandle
 from hora.collectives._control.submissions import Op
 from hora.collectives._data.local_op import LocalOp
-from hora.collectives._messages import BARRIER
-from hora.collectives.framework import (
-    resolve_op,
-    submit_allgather,
-    submit_allreduce,
-    submit_alltoall,
-    submit_broadcast,
-    submit_reducescatter,
+from hora.collectives._messages import (
+    ALLGATHER,
+    ALLREDUCE,
+    ALLTOALL,
+    BARRIER,
+    BROADCAST,
+    REDUCESCATTER,
 )
+from hora.collectives.framework import op_faces, resolve_op
 
 
 def _none(outputs: list[Any]) -> None:
@@ -44,6 +45,35 @@ def _none(outputs: list[Any]) -> None:
 
 
 # ----- allreduce -------------------------------------------------------------------------------
+def submit_allreduce(
+    tensors: Tensors,
+    name: str | None,
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    inplace: bool,
+    grouped: bool,
+    flush: bool = False,
+) -> int:
+    """Start an allreduce of `tensors` (one fused request when `grouped`, whose handle yields a
+    list); `flush`: negotiate it now rather than wait for the cycle (the optimizer's last
+    bucket)."""
+    return submit(
+        ALLREDUCE,
+        tensors,
+        name,
+        process_set,
+        inplace=inplace,
+        finish=list if grouped else first,
+        grouped=grouped,
+        op=op,
+        prescale=float(prescale_factor),
+        postscale=float(postscale_factor),
+        flush=flush,
+    )
+
+
 def allreduce_async(
     tensor: torch.Tensor,
     average: bool | None = None,
@@ -143,6 +173,29 @@ def grouped_allreduce_(
 
 
 # ----- allgather -------------------------------------------------------------------------------
+def submit_allgather(
+    tensors: Tensors, name: str | None, process_set: ProcessSet, grouped: bool
+) -> int:
+    """Start an allgather of `tensors` (a list out when `grouped`)."""
+    _need_dimensions(tensors, "allgather")
+    return submit(
+        ALLGATHER,
+        tensors,
+        name,
+        process_set,
+        inplace=False,
+        finish=list if grouped else first,
+        grouped=grouped,
+    )
+
+
+def _need_dimensions(tensors: Tensors, what: str) -> None:
+    """Scalars have no first dimension to gather or scatter along."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.dim() == 0:
+            raise ValueError(f"{what} needs tensors of at least one dimension")
+
+
 def allgather_async(
     tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> int:
@@ -169,6 +222,21 @@ def sparse_allreduce_async(
 
 
 # ----- broadcast -------------------------------------------------------------------------------
+def submit_broadcast(
+    tensor: torch.Tensor,
+    root_rank: int,
+    name: str | None,
+    process_set: ProcessSet,
+    inplace: bool,
+) -> int:
+    """Start a broadcast from global rank `root_rank`, into `tensor` itself when `inplace`."""
+    root = int(root_rank)
+    state = _state.get()
+    if not 0 <= root < state.size:
+        raise ValueError(f"root_rank {root} is not a rank of a world of {state.size}")
+    return submit(BROADCAST, [tensor], name, process_set, inplace=inplace, finish=first, root=root)
+
+
 def broadcast_async(
     tensor: torch.Tensor,
     root_rank: int,
@@ -200,6 +268,57 @@ def broadcast_(
 
 
 # ----- alltoall --------------------------------------------------------------------------------
+def submit_alltoall(
+    tensor: torch.Tensor,
+    splits: torch.Tensor | None,
+    name: str | None,
+    process_set: ProcessSet,
+    with_received: bool,
+) -> int:
+    """Start an alltoall; its handle yields `(output, received_splits)` when `with_received`."""
+    _, info = group_of(process_set)
+    values = _alltoall_splits(tensor, splits, info.size)
+    return submit(
+        ALLTOALL,
+        [tensor],
+        name,
+        process_set,
+        inplace=False,
+        finish=first if with_received else _first_of_first,
+        splits=(values,),
+    )
+
+
+def _alltoall_splits(tensor: torch.Tensor, splits: Any, n: int) -> tuple[int, ...]:
+    """The rows of `tensor` each of the `n` ranks gets (`splits`, or an even split), checked."""
+    if tensor.dim() == 0:
+        raise ValueError("alltoall needs a tensor of at least one dimension")
+    dim0 = tensor.shape[0]
+    if splits is None:
+        if dim0 % n:
+            raise ValueError(
+                f"alltoall without splits needs dim 0 ({dim0}) divisible by the set size ({n})"
+            )
+        return (dim0 // n,) * n
+    if isinstance(splits, torch.Tensor):
+        if splits.dtype != torch.int32:
+            raise ValueError(f"splits must be an int32 tensor, got {splits.dtype}")
+        values = [int(v) for v in splits.reshape(-1).tolist()]
+    else:
+        values = [int(v) for v in splits]
+    if len(values) != n:
+        raise ValueError(f"splits has {len(values)} entries for a set of {n} ranks")
+    if any(v < 0 for v in values):
+        raise ValueError(f"splits must not be negative: {values}")
+    if sum(values) > dim0:
+        raise ValueError(f"the sum of splits ({sum(values)}) exceeds dim 0 ({dim0})")
+    return tuple(values)
+
+
+def _first_of_first(outputs: list[Any]) -> Any:
+    return outputs[0][0]
+
+
 def alltoall_async(
     tensor: torch.Tensor,
     splits: torch.Tensor | None = None,
@@ -211,6 +330,35 @@ def alltoall_async(
 
 
 # ----- reducescatter ---------------------------------------------------------------------------
+def submit_reducescatter(
+    tensors: Tensors,
+    name: str | None,
+    op: int,
+    prescale_factor: float,
+    postscale_factor: float,
+    process_set: ProcessSet,
+    grouped: bool,
+) -> int:
+    """Start a reducescatter of `tensors` (a list out when `grouped`); Average and Sum only."""
+    if op == Adasum:
+        raise NotImplementedError("Adasum is not implemented in hora.torch")
+    if op not in (Average, Sum):
+        raise ValueError("reducescatter supports only op=Average and op=Sum")
+    _need_dimensions(tensors, "reducescatter")
+    return submit(
+        REDUCESCATTER,
+        tensors,
+        name,
+        process_set,
+        inplace=False,
+        finish=list if grouped else first,
+        grouped=grouped,
+        op=op,
+        prescale=float(prescale_factor),
+        postscale=float(postscale_factor),
+    )
+
+
 def reducescatter_async(
     tensor: torch.Tensor,
     name: str | None = None,
@@ -269,33 +417,20 @@ def join(device: int = -1) -> int:
     return int(synchronize(state.loop.submit(op)))
 
 
-__all__ = [
-    "Adasum",
-    "Average",
-    "HorovodInternalError",
-    "Max",
-    "Min",
-    "ProcessSet",
-    "Product",
-    "Sum",
-    "allgather_async",
-    "allreduce_",
-    "allreduce_async",
-    "allreduce_async_",
-    "alltoall_async",
-    "barrier",
-    "broadcast_",
-    "broadcast_async",
-    "broadcast_async_",
-    "global_process_set",
-    "grouped_allgather_async",
-    "grouped_allreduce_",
-    "grouped_allreduce_async",
-    "grouped_allreduce_async_",
-    "grouped_reducescatter_async",
-    "join",
-    "poll",
-    "reducescatter_async",
-    "sparse_allreduce_async",
-    "synchronize",
-]
+# mypy reads no computed __all__ (it would export nothing); without one it sees every public name.
+if not TYPE_CHECKING:
+    __all__ = [
+        "Adasum",
+        "Average",
+        "HorovodInternalError",
+        "Max",
+        "Min",
+        "ProcessSet",
+        "Product",
+        "Sum",
+        "global_process_set",
+        "join",
+        "poll",
+        "synchronize",
+        *op_faces("collectives"),
+    ]

@@ -118,10 +118,10 @@ def hear(world: World, message: Any, decided: Callable[[Any], None]) -> Any:
 def carry_out(records: Records, decision: Any, tail_lines: int) -> GrowingInPlace | None:
     """Do what the world decided; the record of a growth started, for the callbacks."""
     match decision:
-        case Abandon(ranks=ranks, why=why):
+        case Abandon(ranks=ranks, running=running, why=why):
             kept = {r: r for r in range(records.np + len(ranks)) if r not in ranks}
             _renumber(records, kept)
-            records.np = min(records.np, *ranks)  # told of the growth, the records counted them
+            records.np = running
             say(f"giving up the growth in place ({why}); the running ranks go on")
         case ReformWorld():
             _reform(records, decision)
@@ -245,10 +245,7 @@ def resized(world: World, generation: int, size: int, commit: int) -> ResizedInP
 
 def reform_order(place: environment.RankPlacement, generation: int) -> Reform:
     """The driver's word to a rank: its place in the world re-formed as `generation`."""
-    p = place
-    return Reform(
-        p.rank, p.size, p.local_rank, p.local_size, p.cross_rank, p.cross_size, generation
-    )
+    return Reform(place, generation)
 
 
 def say(text: str) -> None:

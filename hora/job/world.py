@@ -64,10 +64,12 @@ class StartJoiners(NamedTuple):
 
 class Abandon(NamedTuple):
     """Close the channels of these ids (new ranks of a growth given up: each kills itself);
-    their ranks (`ranks`, as numbered before) leave the monitor's records."""
+    their ranks (`ranks`, as numbered before) leave the monitor's records, which keep the
+    `running` ranks."""
 
     ids: tuple[int, ...]
     ranks: tuple[int, ...]
+    running: int
     why: str
 
 
@@ -310,7 +312,7 @@ class World:
         self.gone |= set(ids)
         self.joiners, self.waiting, self.pending = [], set(), None
         self.phase = Phase.RUNNING
-        return Abandon(ids, ranks, why)
+        return Abandon(ids, ranks, len(running), why)
 
     def _order(
         self, grow: bool, running: tuple[int, ...], renumbered: dict[int, int], why: str

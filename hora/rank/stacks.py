@@ -5,7 +5,7 @@ request (`DumpStacks`) from its channel-watching thread, which gets the GIL when
 thread waits in a collective, a socket or a sleep (they all release it), so no py-spy on every
 host is needed. Only the user's code is shown, each frame with the call it waits in (hora's
 `allreduce`, a library's): the bootstrap, hora's and the libraries' internals are left out, and
-so are threads that run no user code (hora's engine, library pools).
+so are threads that run no user code (hora's collective loop, library pools).
 """
 
 from __future__ import annotations

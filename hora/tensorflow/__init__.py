@@ -1,11 +1,13 @@
-"""Horovod's TensorFlow 2 API on hora's engine: `import hora.tensorflow as hvd`.
+"""Horovod's TensorFlow 2 API on hora's collective loop: `import hora.tensorflow as hvd`.
 
 Scripts written for `import horovod.tensorflow as hvd` run unchanged, eagerly and inside
-`tf.function`, with nothing to compile: the collectives are the same engine hora.torch uses
-(name-matched, validated, fused; gloo and shared memory), fed TF data without a copy, with
+`tf.function`, with nothing to compile: the collectives run on the collective loop hora.torch
+uses (name-matched, validated, fused; gloo and shared memory), fed TF data without a copy, with
 Horovod's TF gradients and error classes (tf.errors.FailedPreconditionError when the ranks
 disagree, InvalidArgumentError for a bad argument an op checks).
 """
+
+from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
@@ -53,25 +55,13 @@ from hora.tensorflow.gradient_tape import DistributedGradientTape as Distributed
 from hora.tensorflow.gradient_tape import (
     PartialDistributedGradientTape as PartialDistributedGradientTape,
 )
-from hora.tensorflow.mpi_ops import allgather as allgather
-from hora.tensorflow.mpi_ops import allreduce as allreduce
-from hora.tensorflow.mpi_ops import alltoall as alltoall
-from hora.tensorflow.mpi_ops import broadcast as broadcast
-from hora.tensorflow.mpi_ops import grouped_allgather as grouped_allgather
-from hora.tensorflow.mpi_ops import grouped_allreduce as grouped_allreduce
-from hora.tensorflow.mpi_ops import grouped_reducescatter as grouped_reducescatter
-from hora.tensorflow.mpi_ops import join as join
-from hora.tensorflow.mpi_ops import local_rank_op as local_rank_op
-from hora.tensorflow.mpi_ops import local_size_op as local_size_op
-from hora.tensorflow.mpi_ops import process_set_included_op as process_set_included_op
-from hora.tensorflow.mpi_ops import rank_op as rank_op
-from hora.tensorflow.mpi_ops import reducescatter as reducescatter
-from hora.tensorflow.mpi_ops import size_op as size_op
+from hora.tensorflow.mpi_ops import *  # noqa: F403 - each op's TF face and the TF-only ops
 from hora.tensorflow.sync_batch_norm import SyncBatchNormalization as SyncBatchNormalization
 from hora.timeline import start_timeline as start_timeline
 from hora.timeline import stop_timeline as stop_timeline
 
 from hora.tensorflow import elastic as elastic  # isort: skip -- uses the names above
+from hora.tensorflow import mpi_ops  # isort: skip -- imported above, named for __all__
 
 
 def _executing_eagerly() -> bool:
@@ -80,63 +70,53 @@ def _executing_eagerly() -> bool:
     return bool(tf.executing_eagerly())
 
 
-__all__ = [
-    "Adasum",
-    "Average",
-    "Compression",
-    "DistributedGradientTape",
-    "HorovodInternalError",
-    "Max",
-    "Min",
-    "PartialDistributedGradientTape",
-    "ProcessSet",
-    "Product",
-    "Sum",
-    "SyncBatchNormalization",
-    "add_process_set",
-    "allgather",
-    "allgather_object",
-    "allreduce",
-    "alltoall",
-    "barrier",
-    "broadcast",
-    "broadcast_",
-    "broadcast_global_variables",
-    "broadcast_object",
-    "broadcast_variables",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
-    "elastic",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
-    "grouped_allgather",
-    "grouped_allreduce",
-    "grouped_reducescatter",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
-    "join",
-    "local_rank",
-    "local_rank_op",
-    "local_size",
-    "local_size_op",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "process_set_included_op",
-    "rank",
-    "rank_op",
-    "reducescatter",
-    "remove_process_set",
-    "rocm_built",
-    "shutdown",
-    "size",
-    "size_op",
-    "start_timeline",
-    "stop_timeline",
-]
+# The names this package adds, and each op's TF face with the TF-only ops (`mpi_ops.__all__`).
+# mypy reads no computed __all__ (it would export nothing); without one it sees every public name.
+if not TYPE_CHECKING:
+    __all__ = [
+        "Adasum",
+        "Average",
+        "Compression",
+        "DistributedGradientTape",
+        "HorovodInternalError",
+        "Max",
+        "Min",
+        "PartialDistributedGradientTape",
+        "ProcessSet",
+        "Product",
+        "Sum",
+        "SyncBatchNormalization",
+        "add_process_set",
+        "allgather_object",
+        "barrier",
+        "broadcast_",
+        "broadcast_global_variables",
+        "broadcast_object",
+        "broadcast_variables",
+        "ccl_built",
+        "cross_rank",
+        "cross_size",
+        "cuda_built",
+        "ddl_built",
+        "elastic",
+        "global_process_set",
+        "gloo_built",
+        "gloo_enabled",
+        "init",
+        "is_homogeneous",
+        "is_initialized",
+        "local_rank",
+        "local_size",
+        "mpi_built",
+        "mpi_enabled",
+        "mpi_threads_supported",
+        "nccl_built",
+        "rank",
+        "remove_process_set",
+        "rocm_built",
+        "shutdown",
+        "size",
+        "start_timeline",
+        "stop_timeline",
+        *mpi_ops.__all__,
+    ]

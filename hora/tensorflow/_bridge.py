@@ -1,7 +1,7 @@
-"""TensorFlow data into hora's engine and back, eagerly and inside `tf.function`.
+"""TensorFlow data into hora's collective loop and back, eagerly and inside `tf.function`.
 
-The engine moves torch tensors; a TF tensor enters as its numpy array seen through
-`torch.from_numpy` (no copy: the engine never writes to the input of an out-of-place op) and
+The loop moves torch tensors; a TF tensor enters as its numpy array seen through
+`torch.from_numpy` (no copy: the loop never writes to the input of an out-of-place op) and
 the result leaves as a TF tensor over the same memory (DLPack). Eagerly that is a direct call;
 inside a `tf.function` it becomes a `tf.numpy_function` with the shapes known at trace time.
 

@@ -1,5 +1,5 @@
 """The differentiable allreduce and allgather that every TF op and its gradient is made of, and
-how an op is named for the engine (`hora.tensorflow.mpi_ops` is the face)."""
+how an op is named for the loop (`hora.tensorflow.mpi_ops` is the face)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import tensorflow as tf
 import torch
 
 from hora.collectives import Average, ProcessSet, rank, synchronize
-from hora.collectives.framework import ALLGATHER, ALLREDUCE, submit_allgather, submit_allreduce
+from hora.collectives.ops import ALLGATHER, ALLREDUCE, submit_allgather, submit_allreduce
 from hora.tensorflow import _bridge
 
 NO_ADASUM = "Adasum is not implemented in hora.tensorflow; use op=hvd.Average or op=hvd.Sum"
 
 
 def op_name(name: str | None, kind: str, ignore_name_scope: bool) -> str | None:
-    """The engine's key for this op: the caller's name (under its name scope unless
-    `ignore_name_scope`), else a trace-time name inside a graph, else the engine's eager count."""
+    """The loop's key for this op: the caller's name (under its name scope unless
+    `ignore_name_scope`), else a trace-time name inside a graph, else the loop's eager count."""
     if name is None:
         return None if tf.executing_eagerly() else _bridge.graph_name(kind)
     scope = "" if ignore_name_scope else tf.get_current_name_scope()
@@ -26,7 +26,7 @@ def op_name(name: str | None, kind: str, ignore_name_scope: bool) -> str | None:
 
 def traced_name(name: str | None, kind: str) -> str | None:
     """Inside a graph every op gets a trace-time name (also a gradient's): the same every step,
-    so the engine's response cache knows it."""
+    so the loop's response cache knows it."""
     if name is None and not tf.executing_eagerly():
         return _bridge.graph_name(kind)
     return name

@@ -1,10 +1,11 @@
-"""The error classes Horovod's TensorFlow ops raise, for the failures of hora's engine.
+"""The error classes Horovod's TensorFlow ops raise, for the failures of hora's collective loop.
 
 Horovod's TF ops are C++ kernels: what they check fails as a `tf.errors` class (the ranks
 disagree on a shape, dtype, op or root, or Horovod is not initialized: FailedPreconditionError;
 a bad argument such as alltoall splits or a set this rank is not in: InvalidArgumentError; a
 lost peer or a shutdown: UnknownError), while what Horovod checks in Python stays a Python error.
-hora's engine runs the same checks; what it raises while running an op is translated here.
+hora's collective loop runs the same checks; what it raises while running an op is translated
+here.
 
 Eagerly that is a plain translation. Inside a `tf.function` the op is a `tf.numpy_function`,
 whose kernel maps the Python error itself (ValueError and TypeError -> InvalidArgument,
@@ -28,7 +29,7 @@ __all__ = [
     "OK_STATUS",
     "HorovodInternalOpError",
     "check",
-    "engine_failed",
+    "collective_loop_failed",
     "refusal",
     "refused_path",
     "to_tf",
@@ -40,12 +41,12 @@ _MAX_MESSAGE = 3000  # well below PATH_MAX (4096): a longer path would be anothe
 
 
 class HorovodInternalOpError(tf.errors.UnknownError, HorovodInternalError):
-    """A lost peer or a shut-down engine, eagerly: Horovod's tf.errors.UnknownError, and still
-    the HorovodInternalError that hora's and Horovod's elastic code catch."""
+    """A lost peer or a shut-down collective loop, eagerly: Horovod's tf.errors.UnknownError, and
+    still the HorovodInternalError that hora's and Horovod's elastic code catch."""
 
 
-def engine_failed(exc: BaseException) -> bool:
-    """Whether `exc` is the engine's HorovodInternalError: raised eagerly as itself, or out of a
+def collective_loop_failed(exc: BaseException) -> bool:
+    """Whether `exc` is the loop's HorovodInternalError: raised eagerly as itself, or out of a
     `tf.function` as the UnknownError whose message names it (Horovod's elastic `run` tells
     its own ops' failures by their messages too)."""
     if isinstance(exc, HorovodInternalError):

@@ -10,7 +10,7 @@ import tensorflow as tf
 import torch
 
 from hora.collectives import Adasum, Average, ProcessSet, Sum, global_process_set, synchronize
-from hora.collectives.framework import (
+from hora.collectives.ops import (
     ALLTOALL,
     REDUCESCATTER,
     submit_alltoall,
@@ -19,6 +19,8 @@ from hora.collectives.framework import (
 from hora.tensorflow import _bridge
 from hora.tensorflow._core_ops import NO_ADASUM, allgather_diff, op_name, rest_shape, traced_name
 from hora.tensorflow.compression import Compression, Compressor
+
+__all__ = ["alltoall", "grouped_reducescatter", "reducescatter"]
 
 
 # ----- alltoall --------------------------------------------------------------------------------

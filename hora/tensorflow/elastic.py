@@ -55,7 +55,7 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
         try:
             return func(state, *args, **kwargs)
         except Exception as exc:
-            if isinstance(exc, HorovodInternalError) or not _errors.engine_failed(exc):
+            if isinstance(exc, HorovodInternalError) or not _errors.collective_loop_failed(exc):
                 raise
             raise _errors.HorovodInternalOpError(None, None, str(exc)) from exc
 

@@ -1,6 +1,6 @@
 """Variables and Python objects across ranks: `broadcast_variables`, the in-place `broadcast_`,
 TF1's `broadcast_global_variables`, `broadcast_object`, `allgather_object` (the object ones are
-the engine's, shared with hora.torch)."""
+the loop's, shared with hora.torch)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import tensorflow as tf
 import torch
 
 from hora.collectives import ProcessSet, global_process_set, synchronize
-from hora.collectives.framework import submit_broadcast
 from hora.collectives.objects import allgather_object as _allgather_object
 from hora.collectives.objects import broadcast_object as _broadcast_object
+from hora.collectives.ops import submit_broadcast
 from hora.tensorflow import _bridge
 
 __all__ = [
@@ -90,7 +90,7 @@ def _tf_value(var: Any) -> Any:
 def _broadcast_group(
     values: list[tf.Tensor], root_rank: int, name: str | None, process_set: ProcessSet
 ) -> list[tf.Tensor]:
-    """One op for the lot: every broadcast is started before any is awaited (the engine fuses
+    """One op for the lot: every broadcast is started before any is awaited (the loop fuses
     them); each is awaited, so a failed one leaves none behind."""
     if name is None and not tf.executing_eagerly():
         name = _bridge.graph_name("broadcast_")

@@ -1,6 +1,6 @@
 """Horovod's TensorFlow collectives (`horovod.tensorflow`), with Horovod's TF gradients.
 
-Each op hands TF data to the shared engine (`hora.collectives`) through `_bridge` and is
+Each op hands TF data to the shared collective loop (`hora.collectives`) through `_bridge` and is
 differentiable through `tf.custom_gradient`, with the gradients Horovod registers for its TF ops:
 allreduce -> allreduce of the gradient (same op and scale factors); allgather -> Average
 allreduce, this rank's rows; broadcast -> Average allreduce, zero off the root; alltoall ->
@@ -14,7 +14,7 @@ made of are `_core_ops`, alltoall and reducescatter `_scatter_ops`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 import torch
@@ -31,14 +31,8 @@ from hora.collectives import (
     synchronize,
 )
 from hora.collectives import join as _join
-from hora.collectives.framework import (
-    ALLGATHER,
-    ALLREDUCE,
-    BROADCAST,
-    process_set_by_id,
-    resolve_op,
-    submit_broadcast,
-)
+from hora.collectives.framework import op_faces, process_set_by_id, resolve_op
+from hora.collectives.ops import ALLGATHER, ALLREDUCE, BROADCAST, submit_broadcast
 from hora.tensorflow import _bridge
 from hora.tensorflow._core_ops import (
     NO_ADASUM,
@@ -47,27 +41,21 @@ from hora.tensorflow._core_ops import (
     op_name,
     traced_name,
 )
-from hora.tensorflow._scatter_ops import alltoall as alltoall
-from hora.tensorflow._scatter_ops import grouped_reducescatter as grouped_reducescatter
-from hora.tensorflow._scatter_ops import reducescatter as reducescatter
+from hora.tensorflow._scatter_ops import *  # noqa: F403 - listed in its __all__
 from hora.tensorflow.compression import Compression, Compressor
 
-__all__ = [
-    "allgather",
-    "allreduce",
-    "alltoall",
-    "broadcast",
-    "grouped_allgather",
-    "grouped_allreduce",
-    "grouped_reducescatter",
-    "join",
-    "local_rank_op",
-    "local_size_op",
-    "process_set_included_op",
-    "rank_op",
-    "reducescatter",
-    "size_op",
-]
+# Each op's TF face (its spec's), here or in `_scatter_ops`, and the TF-only ops.
+# mypy reads no computed __all__ (it would export nothing); without one it sees every public name.
+if not TYPE_CHECKING:
+    __all__ = [
+        *op_faces("tensorflow"),
+        "join",
+        "local_rank_op",
+        "local_size_op",
+        "process_set_included_op",
+        "rank_op",
+        "size_op",
+    ]
 
 
 def _resolve_op(average: bool | None, op: int | None) -> int:
@@ -122,7 +110,7 @@ def allreduce(
 ) -> Any:
     """Reduce `tensor` over the ranks (Average by default); differentiable. IndexedSlices are
     gathered, as in Horovod. `device_dense`/`device_sparse` are accepted and ignored (the
-    engine moves the data)."""
+    loop moves the data)."""
     del device_dense, device_sparse
     op = _resolve_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):

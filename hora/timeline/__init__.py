@@ -5,9 +5,10 @@
 `timeline_context("forward")` marks user regions; `hora timeline summary trace.json` prints where
 the time went. See docs/timeline.md.
 
-Beside the user's calls, the two ends hora itself calls: a rank's engine starts and ends its
-recording with `on_init` / `on_shutdown` (`hvd.init()`, `hvd.shutdown()`), and the driver writes
-every rank's events with a `DriverTimeline`. The engine reports its phases through `hooks`.
+Beside the user's calls, the two ends hora itself calls: a rank's collective loop starts and
+ends its recording with `on_init` / `on_shutdown` (`hvd.init()`, `hvd.shutdown()`), and the
+driver writes every rank's events with a `DriverTimeline`. The loop reports its phases through
+`hooks`.
 """
 
 from hora.timeline._control import on_init as on_init

@@ -64,7 +64,7 @@ _active: _Recording | None = None
 
 
 def on_init(rank: int, size: int, group: Any = None) -> None:
-    """Called by `hvd.init()` on every rank once the engine runs; starts a static recording.
+    """Called by `hvd.init()` on every rank once the loop runs; starts a static recording.
 
     Without a hora launcher the ranks first agree on a job id (one broadcast on `group`, hora's
     world group), so that a file left by an earlier run is truncated, not appended to.

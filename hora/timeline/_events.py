@@ -3,7 +3,7 @@
 The hot path records bare tuples; this module, run by the flusher or by the driver, turns them
 into JSON text. It owns everything that needs state: which track (tid) a tensor is drawn on,
 which phases are open on it, and the repairs that keep every track well nested even though two
-threads record into one buffer (the caller's `NEGOTIATE_*` begin can land after the engine's end).
+threads record into one buffer (the caller's `NEGOTIATE_*` begin can land after the loop's end).
 """
 
 from __future__ import annotations

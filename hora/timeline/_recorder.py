@@ -1,4 +1,4 @@
-"""The recorder the engine calls on every phase, and the thread that ships what it records.
+"""The recorder the collective loop calls on every phase, and the thread that ships what it records.
 
 The hot path appends one tuple (wall-clock ns, kind, tensor, phase, args) to a deque: no
 formatting, no I/O, no lock (deque appends are atomic). A flusher thread wakes every

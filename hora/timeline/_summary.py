@@ -1,6 +1,6 @@
 """`hora timeline summary`: where the time went, per phase and per rank, as a text table.
 
-Ops fused into one bucket share their backend call, so each tensor's track shows the same
+Ops fused into one bucket share their transport call, so each tensor's track shows the same
 interval: a rank's time in a phase is the union of its intervals (never counted twice), while
 `count` and `mean` describe the individual slices.
 """

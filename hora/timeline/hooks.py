@@ -1,13 +1,13 @@
 """The seam for the timeline: every phase of every collective is reported to one recorder.
 
-The collective engine (hora.collectives) reports here; it sits below the timeline and imports
-only this module, which imports nothing of hora. The default recorder is disabled, and the engine
-checks `recorder.enabled` before building any argument, so an engine without a timeline pays one
+The collective loop (hora.collectives) reports here; it sits below the timeline and imports
+only this module, which imports nothing of hora. The default recorder is disabled, and the loop
+checks `recorder.enabled` before building any argument, so a loop without a timeline pays one
 attribute lookup per phase. The timeline's writer (`_recorder.BufferRecorder`) subclasses
 `Recorder`, sets `enabled = True` and installs itself with `set_recorder` (`_control`).
 
 Phases, as Horovod names them: `NEGOTIATE_<KIND>` (submission until every rank is ready), then
-the operation `<KIND>` which nests `QUEUE`, `MEMCPY_IN_FUSION_BUFFER`, the backend call
+the operation `<KIND>` which nests `QUEUE`, `MEMCPY_IN_FUSION_BUFFER`, the transport call
 (`GLOO_<KIND>` or `NCCL_<KIND>`) and `MEMCPY_OUT_FUSION_BUFFER`.
 """
 
@@ -22,7 +22,7 @@ class Recorder:
     enabled: bool = False
 
     def begin(self, name: str, phase: str, args: dict[str, Any] | None = None) -> None:
-        """`phase` starts for the tensor `name` (on the engine's thread or the caller's)."""
+        """`phase` starts for the tensor `name` (on the loop's thread or the caller's)."""
 
     def end(self, name: str, phase: str, args: dict[str, Any] | None = None) -> None:
         """`phase` ends for `name`; `args` carries dtype, shape and bytes on the operation's end."""

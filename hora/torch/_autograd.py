@@ -8,15 +8,14 @@ Sum).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd import Function
 
 from hora.collectives import Average, ProcessSet, Sum, global_process_set, rank, synchronize
-from hora.collectives.framework import (
-    Tensors,
-    resolve_op,
+from hora.collectives.framework import Tensors, op_faces, resolve_op
+from hora.collectives.ops import (
     submit_allgather,
     submit_allreduce,
     submit_alltoall,
@@ -24,6 +23,11 @@ from hora.collectives.framework import (
     submit_reducescatter,
 )
 from hora.torch.compression import Compression, Compressor
+
+# The differentiable form of each op whose spec gives it a torch face (every one is defined here).
+# mypy reads no computed __all__ (it would export nothing); without one it sees every public name.
+if not TYPE_CHECKING:
+    __all__ = op_faces("torch")
 
 
 class HorovodAllreduce(Function):

@@ -19,7 +19,7 @@ _BUCKET_CAP_BYTES = 25 * 1024 * 1024
 # model of a few large tensors would otherwise send everything in one bucket at the very end.
 _FIRST_BUCKET_CAP_BYTES = 1024 * 1024
 # CPU gradients wait for 8 MiB: a bucket sent during backward costs a negotiation round and the
-# engine thread's Python on the very cores that compute backward (a GPU host's cores are idle
+# loop thread's Python on the very cores that compute backward (a GPU host's cores are idle
 # then). On a 2-core host, CNNs whose last layers hold 1-4 MiB ran 2-26% more steps/s sending
 # them with the rest after backward, and a 26 MB MLP as many with 8 MiB as with 1 MiB
 # (bench/first_bucket.py).

@@ -2,7 +2,7 @@
 
 A hook on each parameter's gradient accumulation counts backward passes; when a parameter's
 gradient is final for this step it joins its bucket, and a full bucket is sent as one grouped
-in-place allreduce, so the engine moves it in one fused buffer while autograd keeps computing the
+in-place allreduce, so the loop moves it in one fused buffer while autograd keeps computing the
 gradients of earlier layers. `synchronize()` (called by `step()`) sends the buckets that never
 filled (parameters this rank did not use get zero gradients, so every rank submits the same
 operations) and waits for all of them.
@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from hora.collectives.framework import resolve_op, submit_allreduce
+from hora.collectives.framework import resolve_op
+from hora.collectives.ops import submit_allreduce
 from hora.torch._buckets import Bucket, check_groups, explicit_groups, parameter_names, size_buckets
 from hora.torch.compression import Compression, Compressor
 from hora.torch.functions import broadcast_object
@@ -226,7 +227,7 @@ class _DistributedOptimizer(_Optimizer):
         return group
 
     def _scale_factors(self) -> tuple[float, float]:
-        if self.op == Average:  # the engine divides by size on top of the postscale
+        if self.op == Average:  # the loop divides by size on top of the postscale
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
@@ -255,7 +256,7 @@ class _DistributedOptimizer(_Optimizer):
         return kinds
 
     def _submit(self, index: int) -> None:
-        """Send bucket `index`: one flat buffer per dtype, so the engine gets one tensor per kind
+        """Send bucket `index`: one flat buffer per dtype, so the loop gets one tensor per kind
         (fewer names to match, one copy in and one out) and compression casts once."""
         kinds = self._by_kind(index)
         if not kinds:
@@ -272,9 +273,9 @@ class _DistributedOptimizer(_Optimizer):
             sent.append(tensor)
             ctxs.append(ctx)
         pre, post = self._scale_factors()
-        # Every bucket goes to the engine with a flush, so it travels at once instead of after a
+        # Every bucket goes to the loop with a flush, so it travels at once instead of after a
         # gathering cycle: it is one fused operation already, and waiting would only delay its
-        # overlap with backward (and wake the engine thread twice); the step's last bucket (or
+        # overlap with backward (and wake the loop thread twice); the step's last bucket (or
         # one sent by synchronize()) is waited for next.
         handle = submit_allreduce(  # grouped, in place
             sent,

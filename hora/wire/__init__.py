@@ -1,7 +1,7 @@
 """The bottom floor: how hora's processes talk, and nothing else of hora.
 
 - `channel`: one framing, handshake and allow-list for every TCP star (the driver's job channel,
-  the collective engine's negotiation star).
+  the collectives' negotiation star).
 - `protocol`: every message between driver, launchers, supervisors and workers, and the typed
   `Boot` line a worker reads on stdin.
 - `link`: a worker's `DriverLink` (log_to_driver, hora's own reports, derived keys).

@@ -1,7 +1,7 @@
 """The one way hora's processes talk over TCP: framed, authenticated, allow-listed pickles.
 
 Two stars use it: the driver's job channel (driver <-> supervisors and workers: `Server`,
-`connect`, `Connection`) and the collective engine's negotiation star (rank 0 <-> the other
+`connect`, `Connection`) and the collectives' negotiation star (rank 0 <-> the other
 ranks, which keeps only its topology in hora.collectives and frames with `send_frame` /
 `recv_frame` here).
 

@@ -96,7 +96,8 @@ def note_reform(message: Reform) -> None:
 
 def wait_reform(after: int, timeout: float) -> Reform | None:
     """The driver's `Reform` of a generation past `after`, waiting up to `timeout` seconds for
-    it; None outside a hora worker or when none came (no rank was lost: restart as before)."""
+    it; None outside a hora worker or when none came (no rank was lost: Horovod's own reset
+    follows)."""
     link = _current
     if link is None:
         return None

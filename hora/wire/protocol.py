@@ -220,11 +220,11 @@ class HostsUpdated(NamedTuple):
     generation: int = 0
 
 
-class Reform(NamedTuple):
-    """The world changes in place (ranks were lost, or new ones wait to join it): re-form it,
-    this process as `rank` of `size` (its host's `local_rank` of `local_size`, host
-    `cross_rank` of `cross_size`);
-    `generation` counts the run's re-formed worlds (a fresh rendezvous prefix for each)."""
+class RankPlacement(NamedTuple):
+    """Where one rank sits: its global, local (per host) and cross (host index) coordinates.
+
+    The one type for them: a launcher's environment (`hora.environment`), the driver's `Reform`
+    and the collectives' state all hold one."""
 
     rank: int
     size: int
@@ -232,6 +232,14 @@ class Reform(NamedTuple):
     local_size: int
     cross_rank: int
     cross_size: int
+
+
+class Reform(NamedTuple):
+    """The world changes in place (ranks were lost, or new ones wait to join it): re-form it,
+    this process at `place`; `generation` counts the run's re-formed worlds (a fresh
+    rendezvous prefix for each)."""
+
+    place: RankPlacement
     generation: int
 
 
@@ -342,7 +350,7 @@ DriverMessage = (
 ALLOWED = allowed_classes(
     *(Hello, Heartbeat, Output, Result, Error, TimelineBatch, Stall, Stacks, Metrics),  # worker
     *(Resized, Resumed, InPlace, Reformed, Joining, Formed),  # worker -> driver, elastic runs
-    *(Payload, DumpStacks, HostsUpdated, Reform),  # driver -> worker
+    *(Payload, DumpStacks, HostsUpdated, Reform, RankPlacement),  # driver -> worker
     *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
 )
 

@@ -31,7 +31,7 @@ from hora.wire.protocol import (
     Resumed,
     TimelineBatch,
 )
-from tests.job.test_restart_policy import FakeConnection, FakeGroup, hellos, sigkilled, succeeds
+from tests.job._fakes import FakeConnection, FakeGroup, hellos, sigkilled, succeeds
 
 
 def drive(scripts, capacity, **config):
@@ -276,7 +276,7 @@ def test_ranks_that_can_re_form_grow_in_place_the_others_by_a_restart(tmp_path, 
     for rank, conn in enumerate(first.conns):  # its place in the larger world, then the word
         orders = [m for m in conn.sent if isinstance(m, Reform)]
         # the new rank's host (its Hello's) counts: a second host in the world
-        got = [(o.rank, o.size, o.local_size, o.cross_rank, o.cross_size) for o in orders]
+        got = [(p.rank, p.size, p.local_size, p.cross_rank, p.cross_size) for p, _ in orders]
         assert got == [(rank, 3, 2, 0, 2)] and orders[0].generation == 1
         assert conn.sent.index(orders[0]) < conn.sent.index(HostsUpdated(1))
     err = capfd.readouterr().err

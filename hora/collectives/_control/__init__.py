@@ -1,4 +1,4 @@
-"""The control room of the collective engine: what decides which collective runs when.
+"""The control room of hora.collectives: what decides which collective runs when.
 
 Horovod's `operations.cc`, `controller.cc`, `response_cache.cc` and `tensor_queue.cc`: the
 caller's side (`state`, `process_sets`, `requests`, `sparse`, `submissions`), the loop that owns

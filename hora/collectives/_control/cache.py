@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from hora.collectives._messages import PER_RANK_KINDS, Bucket, CacheDrop, Entry, Request
+from hora.collectives._data.registry import PER_RANK_KINDS
+from hora.collectives._messages import Bucket, CacheDrop, Entry, Request
 
 DEFAULT_CAPACITY = 1024
 MAX_PLANS = 64  # repeated rounds whose buckets are remembered (`CoordinatorCache.plans`)

@@ -9,8 +9,8 @@ pickle. Every socket of the star is therefore authenticated both ways (the HMAC-
 challenge-response of `hora.wire.channel`, with a key every rank of this world holds, see
 `hora.collectives._basics._negotiation_key`) before a single frame is unpickled; a peer that
 fails is closed unread. Frames (hora.wire.channel's framing) are then unpickled by a restricted
-unpickler that resolves only the engine's own message classes (defence in depth). The channel
-authenticates; it does not encrypt.
+unpickler that resolves only the collective loop's own message classes (defence in depth). The
+channel authenticates; it does not encrypt.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ log = logging.getLogger("hora.torch")
 _HELLO = struct.Struct("!I")  # a worker's rank, sent raw once it is authenticated
 HANDSHAKE_TIMEOUT_S = 10.0
 
-# The only globals a negotiation frame may name: the engine's message classes. Everything else in
+# The only globals a negotiation frame may name: the loop's message classes. Everything else in
 # a frame is built from pickle's own opcodes (str, int, float, tuple, list, dict, None, bool).
 _ALLOWED_CLASSES = wire.allowed_classes(
     Request, Entry, Bucket, Failure, JoinDone, CacheDrop, Shutdown, Join, Stop
@@ -52,7 +52,7 @@ pack = wire.pack
 
 
 def loads(payload: bytes) -> Any:
-    """Unpickle a negotiation frame, refusing any global but the engine's message classes."""
+    """Unpickle a negotiation frame, refusing any global but the loop's message classes."""
     return wire.loads(payload, _ALLOWED_CLASSES)
 
 
@@ -165,7 +165,7 @@ def new_key() -> bytes:
 
 
 def wake_pair() -> tuple[socket.socket, socket.socket]:
-    """A socket pair the caller's thread writes to so that the engine's select() wakes up."""
+    """A socket pair the caller's thread writes to so that the loop's select() wakes up."""
     r, w = socket.socketpair()
     r.setblocking(False)
     w.setblocking(False)

@@ -53,7 +53,7 @@ class CoordinatorRound:
 
     def step(self, ready: list[selectors.SelectorKey]) -> float | None:
         """One round: take the workers' frames that are `ready` and this rank's submissions once
-        due, plan, send the responses and run them; returns how long the engine may sleep (None:
+        due, plan, send the responses and run them; returns how long the loop may sleep (None:
         until something arrives)."""
         if _th.recorder.enabled:
             _th.recorder.cycle()  # a negotiation round starts (CYCLE_START)
@@ -68,7 +68,7 @@ class CoordinatorRound:
         return self.coordinator.has_pending() or self.coordinator.has_set_aside()
 
     def tell_peers(self, reason: str) -> None:
-        """This rank's engine failed: every worker stops with `reason`."""
+        """This rank's loop failed: every worker stops with `reason`."""
         payload = channel.pack([Shutdown(reason)])
         for peer in self._peers.values():
             channel.send_payload(peer, payload)
@@ -119,7 +119,7 @@ class CoordinatorRound:
                 coord.join(rank)
             elif kind is Stop:
                 self._stop(SHUT_DOWN)
-            elif kind is Shutdown:  # that rank's engine failed
+            elif kind is Shutdown:  # that rank's loop failed
                 self._stop(item.reason)
             elif kind is ProcessSetChange:  # only ever this rank's own
                 coord.set_process_set(item.process_set_id, item.ranks)

@@ -1,20 +1,20 @@
 """The collective loop (`CollectiveLoop`): one thread per process that negotiates and runs every
 collective (Horovod's `operations.cc`), and the handles callers wait on.
 
-The caller's thread only records an operation (`SubmissionQueue.push`) and wakes the engine when
-it sleeps (`submit` returns a handle at once). Each round of the engine is this rank's side of
+The caller's thread only records an operation (`SubmissionQueue.push`) and wakes the loop when
+it sleeps (`submit` returns a handle at once). Each round of the loop is this rank's side of
 the negotiation (`WorkerRound` or, on rank 0, `CoordinatorRound`): requests go to rank 0, the
 agreed buckets come back, run on the data path and complete the handles. No rank polls while
 idle: the threads sleep in `select` until a submission or a message arrives.
 
-Whoever holds the drive lock runs the engine's rounds (`_guarded_step`): the background thread,
+Whoever holds the drive lock runs the loop's rounds (`_guarded_step`): the background thread,
 or a caller blocked in `synchronize`, which then sends, negotiates and runs the data path itself
 instead of handing the work to the thread and waiting to be woken (two thread hand-overs per
 blocking call saved, the thread's GIL requests along with them). The thread keeps everything
 moving while no caller waits: operations of hooks during a backward pass, `poll` loops.
 
-Any error in a round ends the engine on every rank: pending and later operations raise
-HorovodInternalError, and the other ranks are told at once rather than at their backend's timeout.
+Any error in a round ends the loop on every rank: pending and later operations raise
+HorovodInternalError, and the other ranks are told at once rather than at their transport's timeout.
 """
 
 from __future__ import annotations
@@ -106,11 +106,11 @@ class CollectiveLoop:
         self._handle_ids = itertools.count()
         self._counters: dict[tuple[str, int], int] = {}
         self._wake_r, self._wake_w = channel.wake_pair()
-        # The engine's rounds run under this lock, in the thread or in a blocked caller (see the
+        # The loop's rounds run under this lock, in the thread or in a blocked caller (see the
         # module's docstring); `_caller_drives` says which, `_running` ends them for good.
         self._drive = threading.Lock()
         self._caller_drives = False
-        self.rounds = 0  # rounds run so far, by anyone (tests read it: an idle engine sleeps)
+        self.rounds = 0  # rounds run so far, by anyone (tests read it: an idle loop sleeps)
         self._running = True
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._wake_r, selectors.EVENT_READ)
@@ -120,7 +120,7 @@ class CollectiveLoop:
         self._sleeper = _sleeper_for(self._sel)
         self._single_threaded = threading.Event()
         threads = torch.get_num_threads()
-        self._thread = threading.Thread(target=self._main, name="hora-torch-engine", daemon=True)
+        self._thread = threading.Thread(target=self._main, name="hora-collective-loop", daemon=True)
         self._thread.start()
         # torch's setting is global as well as per thread: give it back to every other thread.
         self._single_threaded.wait(10.0)
@@ -140,7 +140,7 @@ class CollectiveLoop:
         """Queue `op` and return its handle; a duplicate in-flight name raises ValueError.
 
         `flush`: the caller will wait for it next, so send it (and what is queued) at once
-        rather than at the end of the gathering cycle (one wake-up of the engine, not two)."""
+        rather than at the end of the gathering cycle (one wake-up of the loop, not two)."""
         wake = self.queue.push(op, flush)
         handle = next(self._handle_ids)
         self._handles[handle] = op
@@ -176,7 +176,7 @@ class CollectiveLoop:
         return op.result
 
     def _wait(self, op: Op) -> None:
-        """Drive the engine until `op` is done, or wait for whoever drives it now.
+        """Drive the loop until `op` is done, or wait for whoever drives it now.
 
         The thread holds the drive lock only for a round (never while it sleeps), so a caller
         waits for that round to end; another caller may hold it while it waits for its own
@@ -202,9 +202,9 @@ class CollectiveLoop:
                 return
 
     def _drive_until(self, op: Op) -> None:
-        """Run the engine's rounds in this (caller's) thread until `op` is done."""
+        """Run the loop's rounds in this (caller's) thread until `op` is done."""
         if not self._running:
-            op.wait()  # the engine has ended: `fail_all` completes every operation
+            op.wait()  # the loop has ended: `fail_all` completes every operation
             return
         self._caller_drives = True
         self.queue.flush = True  # this caller submits nothing until it returns: send the queue
@@ -226,8 +226,8 @@ class CollectiveLoop:
                 self._sleeper.register(self._sel.fileno(), selectors.EVENT_READ)
 
     def _after_drive(self) -> None:
-        """Hand the engine back to the thread: wake it if something is left to move (its
-        sleep was computed before this caller's rounds) or if the engine has ended."""
+        """Hand the loop back to the thread: wake it if something is left to move (its
+        sleep was computed before this caller's rounds) or if the loop has ended."""
         queue = self.queue
         if (
             not self._running
@@ -259,8 +259,8 @@ class CollectiveLoop:
 
     @property
     def broken(self) -> bool:
-        """Stopped by a failure (an error on some rank's engine, a lost peer), not by a rank's
-        `shutdown()`: every rank's engine stopped with it, so every rank may start anew."""
+        """Stopped by a failure (an error on some rank's loop, a lost peer), not by a rank's
+        `shutdown()`: every rank's loop stopped with it, so every rank may start anew."""
         error = self.queue.error
         return error is not None and error != SHUT_DOWN
 
@@ -270,11 +270,11 @@ class CollectiveLoop:
         except (BlockingIOError, OSError):
             pass  # the pipe is full, so a wake-up is pending anyway
 
-    # ----- engine thread ---------------------------------------------------------------------
+    # ----- the loop's thread -----------------------------------------------------------------
     def _main(self) -> None:
-        torch.set_grad_enabled(False)  # the engine moves data; autograd lives in the caller
+        torch.set_grad_enabled(False)  # the loop moves data; autograd lives in the caller
         # One intra-op thread: with OpenMP, a thread's parallel ops get a team of their own, whose
-        # workers would compete with the training thread's team for the cores; the engine's
+        # workers would compete with the training thread's team for the cores; the loop's
         # copies and sums are small (Horovod's background thread is single-threaded too).
         torch.set_num_threads(1)
         self._single_threaded.set()
@@ -292,7 +292,7 @@ class CollectiveLoop:
 
     def _guarded_step(self, timeout: float | None) -> float | None:
         """One round (the drive lock held), waiting up to `timeout` for a message; any error ends
-        the engine on every rank. Returns how long the engine may sleep (None: until woken)."""
+        the loop on every rank. Returns how long the loop may sleep (None: until woken)."""
         self.rounds += 1
         try:
             wait = self.negotiation.step(self._ready(timeout))
@@ -323,7 +323,7 @@ class CollectiveLoop:
             pass
 
     def _crash(self, exc: BaseException) -> None:
-        log.debug("hora.torch engine stopped", exc_info=True)
+        log.debug("hora collective loop stopped", exc_info=True)
         self._running = False
         reason = f"{SHUT_DOWN} ({type(exc).__name__}: {exc})"
         self.queue.fail_all(reason)

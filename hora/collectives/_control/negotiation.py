@@ -4,7 +4,7 @@ Rank 0 runs a `Coordinator` (pure logic, no I/O): every rank's requests arrive a
 submitted, keyed by (process set, name), so the order of submission does not matter. When every
 member of the process set (less the ranks that called `join`) has submitted a name, the requests
 are validated against each other (`validation`); the ready ones are cut into fusion buckets
-(`planning`) and sent to every rank, which then all run the same backend calls in the same order.
+(`planning`) and sent to every rank, which then all run the same transport calls in the same order.
 Requests every rank agreed on are remembered in the response cache (`cache`).
 """
 
@@ -23,7 +23,7 @@ from hora.collectives._messages import (
     Response,
 )
 
-_NONAME = ".noname."  # in the names the engine generates for unnamed operations
+_NONAME = ".noname."  # in the names hora generates for unnamed operations
 
 
 class Coordinator:

@@ -1,25 +1,20 @@
 """Fusion planning (Horovod's `FuseResponses`): rank 0 cuts the operations that became ready into
-buckets, each run as one backend call (per dtype) on every rank.
+buckets, each run as one transport call (per dtype) on every rank.
 
-Operations share a bucket when they agree on kind, process set, device and what the backend call
-takes besides the data (reduction op and scale factors, broadcast root), up to the fusion
-threshold in bytes. Alltoall, reducescatter and barrier always run alone.
+Operations share a bucket when they agree on kind, process set, device and what the transport
+call takes besides the data (the op's `OpSpec.fuses_on`: the reduction op and scale factors, a
+root), up to the fusion threshold in bytes. An op whose spec has no `fuses_on` always
+runs alone.
 """
 
 from __future__ import annotations
 
 from hora.collectives._control.cache import Signature
-from hora.collectives._messages import (
-    ALLGATHER,
-    ALLREDUCE,
-    BROADCAST,
-    PER_RANK_KINDS,
-    Bucket,
-    Entry,
-    Request,
-)
+from hora.collectives._data.registry import OPS, PER_RANK_KINDS
+from hora.collectives._messages import Bucket, Entry, Request
 
-_FUSABLE = {ALLREDUCE, ALLGATHER, BROADCAST}
+# kind -> what ops sharing a bucket agree on, for the kinds that fuse
+_FUSES_ON = {kind: spec.fuses_on for kind, spec in OPS.items() if spec.fuses_on is not None}
 
 # An operation every member is ready for: (process set, name, requests by rank, the cache id it
 # announces (-1: none), the cache id it travels as (-1: not a hit)). A plain tuple: one is built
@@ -33,14 +28,10 @@ def signature(requests: dict[int, Request], fusion_threshold: int) -> Signature:
     ref = requests[min(requests)]
     keep_all = ref.kind in PER_RANK_KINDS
     nbytes = sum(r.nbytes for r in requests.values()) if keep_all else ref.nbytes
-    if ref.kind not in _FUSABLE or fusion_threshold <= 0:
+    fuses_on = _FUSES_ON.get(ref.kind)
+    if fuses_on is None or fusion_threshold <= 0:
         return None, nbytes
-    sig: tuple[object, ...] = (ref.kind, ref.process_set_id, ref.device)
-    if ref.kind == ALLREDUCE:
-        sig += (ref.op, ref.prescale, ref.postscale)
-    elif ref.kind == BROADCAST:
-        sig += (ref.root,)
-    return sig, nbytes
+    return (ref.kind, ref.process_set_id, ref.device, *fuses_on(ref)), nbytes
 
 
 def plan(

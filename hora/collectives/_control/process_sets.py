@@ -1,4 +1,4 @@
-"""Process sets: collectives over a subset of ranks, each with its own backend groups."""
+"""Process sets: collectives over a subset of ranks, each with its own transports' groups."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Building a collective's request and handing it to the engine: what every operation pays on
-the caller's thread, kept cheap (a model's 200 small gradients pay it 200 times a step).
+"""Building a collective's request and handing it to the collective loop: what every operation
+pays on the caller's thread, kept cheap (a model's 200 small gradients pay it 200 times a step).
 
 A training loop submits the same requests step after step, so the strings and requests built for
-a name are made once and reused: the engine and rank 0 then recognise a cached request by
+a name are made once and reused: the loop and rank 0 then recognise a cached request by
 identity instead of comparing its twelve fields.
 """
 
@@ -60,7 +60,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 # Full names ("allreduce.<name>") made once per name and reused: every later lookup of the same
-# string object (the engine's, the coordinator's, their cache keys) finds its hash computed and
+# string object (the loop's, the coordinator's, their cache keys) finds its hash computed and
 # compares by identity. A training loop submits the same few hundred names every step.
 _FULL_NAMES: dict[tuple[str, str], str] = {}
 _MAX_FULL_NAMES = 1 << 16
@@ -75,7 +75,7 @@ def _full_name(kind: str, name: str) -> str:
 
 # A training loop submits the same requests step after step: a one-tensor request is built once
 # per name, tensor signature and parameters, and the same object is sent again. Building one
-# costs ~1.3 us, finding it ~0.5 us; and the engine and rank 0 then recognise a cached request
+# costs ~1.3 us, finding it ~0.5 us; and the loop and rank 0 then recognise a cached request
 # by identity instead of comparing its twelve fields.
 _REQUESTS: dict[tuple[Any, ...], Request] = {}
 _MAX_REQUESTS = 1 << 14
@@ -97,7 +97,7 @@ def submit(
     splits: tuple[tuple[int, ...], ...] | None = None,
     flush: bool = False,
 ) -> int:
-    """Build the request and hand it to the engine (`flush`: see `CollectiveLoop.submit`). Every
+    """Build the request and hand it to the loop (`flush`: see `CollectiveLoop.submit`). Every
     operation pays this (a model's 200 small gradients: 200 times a step), hence the inline
     checks and the requests made once (`_REQUESTS`)."""
     state = _state.current
@@ -132,7 +132,7 @@ def submit(
         _check_tensors(tensors, grouped)
         request = _request(full, kind, ps_id, tensors, op, prescale, postscale, root, splits)
     local = LocalOp(list(tensors), inplace)
-    if request.device == "cuda":  # the engine waits for the kernels queued so far on this stream
+    if request.device == "cuda":  # the loop waits for the kernels queued so far on this stream
         local.ready = torch.cuda.Event()
         local.ready.record()
     return loop.submit(Op(request, local, finish), flush)
@@ -174,29 +174,3 @@ def _request(
 
 def first(outputs: list[Any]) -> Any:
     return outputs[0]
-
-
-def alltoall_splits(tensor: torch.Tensor, splits: Any, n: int) -> tuple[int, ...]:
-    """The rows of `tensor` each of the `n` ranks gets (`splits`, or an even split), checked."""
-    if tensor.dim() == 0:
-        raise ValueError("alltoall needs a tensor of at least one dimension")
-    dim0 = tensor.shape[0]
-    if splits is None:
-        if dim0 % n:
-            raise ValueError(
-                f"alltoall without splits needs dim 0 ({dim0}) divisible by the set size ({n})"
-            )
-        return (dim0 // n,) * n
-    if isinstance(splits, torch.Tensor):
-        if splits.dtype != torch.int32:
-            raise ValueError(f"splits must be an int32 tensor, got {splits.dtype}")
-        values = [int(v) for v in splits.reshape(-1).tolist()]
-    else:
-        values = [int(v) for v in splits]
-    if len(values) != n:
-        raise ValueError(f"splits has {len(values)} entries for a set of {n} ranks")
-    if any(v < 0 for v in values):
-        raise ValueError(f"splits must not be negative: {values}")
-    if sum(values) > dim0:
-        raise ValueError(f"the sum of splits ({sum(values)}) exceeds dim 0 ({dim0})")
-    return tuple(values)

@@ -1,8 +1,8 @@
 """Carrying out rank 0's decisions on this rank (Horovod's `PerformOperation`): run each bucket on
 the data path and complete its operations, fail the ones that failed validation, finish a join,
-or end the engine.
+or end the loop.
 
-Every rank applies the same responses in the same order, so the backend's order-matched
+Every rank applies the same responses in the same order, so the transports' order-matched
 collectives always meet. A worker has expanded the buckets' cache ids first (`cache`).
 """
 
@@ -24,7 +24,7 @@ class ResponseHandler:
         self._process_sets = process_sets  # shared with the caller's side, which adds sets
 
     def handle(self, responses: list[Response | Shutdown]) -> bool:
-        """Apply the responses in order; True once the engine must stop."""
+        """Apply the responses in order; True once the loop must stop."""
         queued = _th.recorder.enabled
         if queued:
             self._record_queued(responses)

@@ -173,7 +173,7 @@ def report_to_user(text: str | None) -> None:
 
 
 class StallInspector:
-    """Watches a `Coordinator` from rank 0's engine thread: `inspect` after every round, and
+    """Watches a `Coordinator` from rank 0's loop thread: `inspect` after every round, and
     sleep no longer than `wake_in`."""
 
     def __init__(

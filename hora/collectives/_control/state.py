@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hora.collectives._common import NOT_INITIALIZED
+from hora.environment import RankPlacement
 
 if TYPE_CHECKING:
     from hora.collectives._control.loop import CollectiveLoop
@@ -14,18 +15,37 @@ if TYPE_CHECKING:
 
 @dataclass
 class State:
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
+    place: RankPlacement
     loop: CollectiveLoop
-    # process set id -> its groups; shared with the engine, which reads it on its thread.
+    # process set id -> its groups; shared with the loop, which reads it on its thread.
     groups: dict[int, GroupInfo]
     dynamic: bool
     next_process_set_id: int = 1
     process_sets: dict[int, Any] = field(default_factory=dict)  # id -> ProcessSet
+
+    @property
+    def rank(self) -> int:
+        return self.place.rank
+
+    @property
+    def size(self) -> int:
+        return self.place.size
+
+    @property
+    def local_rank(self) -> int:
+        return self.place.local_rank
+
+    @property
+    def local_size(self) -> int:
+        return self.place.local_size
+
+    @property
+    def cross_rank(self) -> int:
+        return self.place.cross_rank
+
+    @property
+    def cross_size(self) -> int:
+        return self.place.cross_size
 
 
 current: State | None = None

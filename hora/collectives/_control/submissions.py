@@ -1,9 +1,9 @@
-"""What callers submitted and the engine has yet to finish (Horovod's `tensor_queue.cc`).
+"""What callers submitted and the loop has yet to finish (Horovod's `tensor_queue.cc`).
 
-A caller's thread only records an operation here (`SubmissionQueue.push`); the engine's rounds
+A caller's thread only records an operation here (`SubmissionQueue.push`); the loop's rounds
 take the queue, and complete each `Op` once its bucket ran. Submissions gather for a cycle or
-more (HOROVOD_CYCLE_TIME, `GATHER_CYCLES`) before the engine takes them, so that a caller issuing
-many operations is not interrupted by the engine thread for each one (every hand-over of the GIL
+more (HOROVOD_CYCLE_TIME, `GATHER_CYCLES`) before the loop takes them, so that a caller issuing
+many operations is not interrupted by the loop thread for each one (every hand-over of the GIL
 costs both threads), and they travel and fuse together; a caller that blocks asks for a `flush`.
 """
 
@@ -77,25 +77,25 @@ class SubmissionQueue:
         self.items: list[Any] = []  # Request, JOIN, STOP or ProcessSetChange, in order
         self.inflight: dict[tuple[int, str], Op] = {}
         self.join_op: Op | None = None
-        self.error: str | None = None  # why the engine ended, once it has
-        # True while the engine thread sleeps with nothing queued: only then does a submission
+        self.error: str | None = None  # why the loop ended, once it has
+        # True while the loop thread sleeps with nothing queued: only then does a submission
         # pay for a wake-up (a syscall and a GIL hand-over); a busy thread re-reads the queue.
         self.idle = False
         # When the queue last went from empty to not empty, and the latest submission.
         self.queued_since = 0.0
         self.last_queued = 0.0
-        # Set by a caller that blocks on an operation: the engine takes and sends what is queued
+        # Set by a caller that blocks on an operation: the loop takes and sends what is queued
         # now instead of waiting out the cycle, since that caller will submit nothing more until
         # it returns.
         self.flush = False
-        # True while a worker's engine holds taken requests it has not sent yet: with an empty
+        # True while a worker's loop holds taken requests it has not sent yet: with an empty
         # queue as well, a blocking caller has nothing to flush and need not wake the thread.
         self.holding = False
 
     # ----- callers' side -------------------------------------------------------------------------
     def push(self, op: Op, flush: bool) -> bool:
-        """Queue `op`; True when the engine thread must be woken for it. A duplicate in-flight
-        name raises ValueError; an ended engine, HorovodInternalError."""
+        """Queue `op`; True when the loop thread must be woken for it. A duplicate in-flight
+        name raises ValueError; an ended loop, HorovodInternalError."""
         with self.lock:
             if self.error is not None:
                 raise HorovodInternalError(self.error)
@@ -133,7 +133,7 @@ class SubmissionQueue:
             if flush:
                 self.flush = True
 
-    # ----- the engine's side ---------------------------------------------------------------------
+    # ----- the loop's side ---------------------------------------------------------------------
     def due_at(self, first: float) -> float:
         """When gathering that began at `first` ends (see GATHER_CYCLES)."""
         cycle = self.cycle_time_s
@@ -160,7 +160,7 @@ class SubmissionQueue:
         return items
 
     def gather_time(self) -> float | None:
-        """How long the queue may still gather before the engine takes it: 0.0 once a caller
+        """How long the queue may still gather before the loop takes it: 0.0 once a caller
         blocks (flush) or the gathering is due (`due_at`); None when nothing is queued
         (the thread is then idle: the next submission wakes it)."""
         with self.lock:
@@ -206,7 +206,7 @@ class SubmissionQueue:
         return described + (["join"] if joining else [])
 
     def fail_all(self, reason: str) -> None:
-        """End the engine: every operation in flight, and every later submission, fails."""
+        """End the loop: every operation in flight, and every later submission, fails."""
         with self.lock:
             if self.error is None:
                 self.error = reason

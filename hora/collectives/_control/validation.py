@@ -1,35 +1,22 @@
 """Whether the ranks' requests for one name may run together, and Horovod's words when not.
 
 Agreeing ranks send equal requests, so the common case is one tuple comparison per rank (in C);
-only a mismatch, or a kind whose shapes differ per rank (allgather, alltoall), is looked at field
-by field to say what differs.
+only a mismatch, or a kind whose shapes differ per rank (`OpSpec.per_rank_shapes`), is looked at
+field by field to say what differs. What each kind adds (the parameters its ranks agree on, a
+check once they do, a refusal during a join) is its `OpSpec`'s.
 """
 
 from __future__ import annotations
 
-from hora.collectives._common import OP_NAMES, Average, Sum
-from hora.collectives._messages import (
-    ALLGATHER,
-    ALLREDUCE,
-    ALLTOALL,
-    BROADCAST,
-    PER_RANK_KINDS,
-    REDUCESCATTER,
-    Request,
-)
+from hora.collectives._data.registry import OPS, PER_RANK_KINDS
+from hora.collectives._messages import Request
 
-_SAME_SHAPES = (ALLREDUCE, BROADCAST, REDUCESCATTER)
-_REDUCING = (ALLREDUCE, REDUCESCATTER)
-
-# Horovod's controller refuses these while a member has joined (a joined rank has no tensor to
-# contribute rows or a root's data from); the ranks that submitted get the error, joined ranks
-# go on waiting in join(). Allreduce (zeros) and reducescatter (zeros) go ahead.
-_JOIN_REFUSALS = {
-    ALLGATHER: "Allgather is not supported with Join at this time. Specify sparse_as_dense=True "
-    "if using DistributedOptimizer",
-    BROADCAST: "Broadcast is not supported with Join at this time.",
-    ALLTOALL: "Alltoall is not supported with Join at this time.",
-}
+# Horovod's controller refuses some kinds while a member has joined (a joined rank has no tensor
+# to contribute rows or a root's data from): the ranks that submitted get the error, joined ranks
+# go on waiting in join(). The other kinds go ahead, the joined ranks contributing zeros.
+_JOIN_REFUSALS = {kind: spec.join_refusal for kind, spec in OPS.items() if spec.join_refusal}
+_MISMATCHES = {kind: spec.mismatch for kind, spec in OPS.items() if spec.mismatch is not None}
+_CHECKS = {kind: spec.check for kind, spec in OPS.items() if spec.check is not None}
 
 
 def validate(name: str, requests: dict[int, Request], members: tuple[int, ...]) -> str | None:
@@ -44,11 +31,8 @@ def validate(name: str, requests: dict[int, Request], members: tuple[int, ...]) 
             message = _mismatch(first, req, where)
             if message is not None:
                 return message
-    if first.kind == BROADCAST and first.root not in members:
-        return f"Broadcast root rank {first.root} is not in the process set (tensor '{name}')"
-    if first.kind == REDUCESCATTER and first.op not in (Average, Sum):
-        return f"Reducescatter supports only Average and Sum (tensor '{name}')"
-    return None
+    check = _CHECKS.get(first.kind)
+    return None if check is None else check(first, members, name)
 
 
 def join_refusal(kind: str, name: str) -> str | None:
@@ -72,32 +56,20 @@ def _mismatch(first: Request, req: Request, where: str) -> str | None:
         )
     if req.device != first.device:
         return f"Mismatched {kind} devices: " + where.format(a=first.device, b=req.device)
-    return _shape_mismatch(first, req, where) or _parameter_mismatch(first, req, where)
+    if message := _shape_mismatch(first, req, where):
+        return message
+    mismatch = _MISMATCHES.get(kind)
+    return None if mismatch is None else mismatch(first, req, where)
 
 
 def _shape_mismatch(first: Request, req: Request, where: str) -> str | None:
     kind = first.kind
     for s1, s2 in zip(first.shapes, req.shapes, strict=True):
-        if kind in _SAME_SHAPES and s1 != s2:
+        if kind not in PER_RANK_KINDS and s1 != s2:
             return f"Mismatched {kind} tensor shapes: " + where.format(a=list(s1), b=list(s2))
         if kind in PER_RANK_KINDS and (len(s1) != len(s2) or s1[1:] != s2[1:]):
             return (
                 f"Mismatched {kind} tensor shapes (all dimensions but the first must agree): "
                 + where.format(a=list(s1), b=list(s2))
             )
-    return None
-
-
-def _parameter_mismatch(first: Request, req: Request, where: str) -> str | None:
-    kind = first.kind
-    if kind in _REDUCING and req.op != first.op:
-        return f"Mismatched {kind} reduction ops: " + where.format(
-            a=OP_NAMES.get(first.op, first.op), b=OP_NAMES.get(req.op, req.op)
-        )
-    if kind in _REDUCING and (req.prescale, req.postscale) != (first.prescale, first.postscale):
-        return f"Mismatched {kind} scale factors: " + where.format(
-            a=(first.prescale, first.postscale), b=(req.prescale, req.postscale)
-        )
-    if kind == BROADCAST and req.root != first.root:
-        return "Mismatched broadcast root ranks: " + where.format(a=first.root, b=req.root)
     return None

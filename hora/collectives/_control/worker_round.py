@@ -53,7 +53,7 @@ class WorkerRound:
 
     def step(self, ready: list[selectors.SelectorKey]) -> float | None:
         """One round: take rank 0's responses if `ready`, then send what is due; returns how
-        long the engine may sleep (None: until something arrives)."""
+        long the loop may sleep (None: until something arrives)."""
         if ready:
             self._receive()
             if self.ended:
@@ -71,7 +71,7 @@ class WorkerRound:
         return bool(self._unsent)
 
     def tell_peers(self, reason: str) -> None:
-        """This rank's engine failed: rank 0 stops every rank with `reason` (no orderly STOP)."""
+        """This rank's loop failed: rank 0 stops every rank with `reason` (no orderly STOP)."""
         channel.send_msg(self._sock, (self.cache.drops_applied, [Shutdown(reason)]))
 
     def close(self) -> None:

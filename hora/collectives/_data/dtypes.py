@@ -25,13 +25,13 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 
 def reduce_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
-    """The dtype a reduction runs in: widened where the backend lacks the type or the precision."""
+    """The dtype a reduction runs in: widened where a transport lacks the type or precision."""
     table = _WIDEN_FOR_REDUCE_CUDA if device_type == "cuda" else _WIDEN_FOR_REDUCE_CPU
     return table.get(dtype, dtype)
 
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view of a contiguous tensor: every backend moves bytes, whatever the dtype."""
+    """A flat uint8 view of a contiguous tensor: every transport moves bytes, whatever the dtype."""
     return tensor.reshape(-1).view(torch.uint8)
 
 

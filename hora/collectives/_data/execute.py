@@ -1,6 +1,7 @@
-"""The data path: run one negotiated bucket with its kind's algorithm (`algorithms`).
+"""The data path: run one negotiated bucket with its kind's algorithm (the op's `SPEC.run`, found
+by `registry`).
 
-Every rank runs the same buckets in the same order, so the backend's order-matched collectives
+Every rank runs the same buckets in the same order, so the transport's order-matched collectives
 always meet. A CUDA bucket runs on the device of this rank's tensors, after the kernels that
 produced them (each op's `ready` event) and before its results are handed back (the stream is
 synchronized).
@@ -10,41 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from hora.collectives._data.algorithms import (
-    allgather,
-    allreduce,
-    alltoall,
-    broadcast,
-    reducescatter,
-    set_outputs,
-)
 from hora.collectives._data.groups import GroupInfo
 from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.registry import OPS
 from hora.collectives._data.transports import stats
-from hora.collectives._messages import (
-    ALLGATHER,
-    ALLREDUCE,
-    ALLTOALL,
-    BARRIER,
-    BROADCAST,
-    REDUCESCATTER,
-    Bucket,
-)
+from hora.collectives._messages import Bucket
 
-
-def _barrier(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
-    """Nothing to move: negotiation itself was the barrier."""
-    set_outputs(ops, [[] for _ in ops])
-
-
-_ALGORITHMS = {
-    ALLREDUCE: allreduce.run,
-    ALLGATHER: allgather.run,
-    BROADCAST: broadcast.run,
-    ALLTOALL: alltoall.run,
-    REDUCESCATTER: reducescatter.run,
-    BARRIER: _barrier,
-}
+_ALGORITHMS = {kind: spec.run for kind, spec in OPS.items()}
 
 
 def run_bucket(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo) -> None:

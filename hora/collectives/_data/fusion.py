@@ -1,5 +1,5 @@
 """Fusion buffers (Horovod's `fusion_buffer_manager.cc`): the memory a bucket of many tensors is
-packed into, so that the backend moves them in one call.
+packed into, so that the transport moves them in one call.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A process set as the data room sees it (`GroupInfo`): its ranks, its backend groups, and the
+"""A process set as the data room sees it (`GroupInfo`): its ranks, its transports' groups, and the
 paths beyond them that `transports` routes through; and making and releasing them.
 
 The shared-memory and hierarchical paths are typed by what the routing calls on them
@@ -58,7 +58,7 @@ class AcrossHosts(Protocol):
 
 @dataclass
 class GroupInfo:
-    """A process set as the data path sees it: its ranks and its backend groups."""
+    """A process set as the data path sees it: its ranks and its transports' groups."""
 
     ranks: tuple[int, ...]
     index: int  # this process's position in `ranks`, -1 when not a member
@@ -75,7 +75,7 @@ class GroupInfo:
 
 
 def make_groups(ranks: Sequence[int], rank: int, timeout: timedelta) -> GroupInfo:
-    """Create the backend groups of a set; every rank of the world calls this, in the same order."""
+    """Create a set's gloo and NCCL groups; every rank of the world calls this, in one order."""
     ranks = tuple(ranks)
     gloo = nccl = None
     if len(ranks) > 1:

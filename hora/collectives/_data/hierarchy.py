@@ -27,7 +27,7 @@ and allgather and broadcast move the same bytes.
 Chosen at init when the job spans several hosts, its ranks are numbered host by host and some
 host runs more than one rank; `HOROVOD_HIERARCHICAL_ALLREDUCE=0` keeps allreduces flat,
 `HOROVOD_HIERARCHICAL_ALLGATHER=0` allgathers and broadcasts, `HORA_SHM=0` everything. Serves
-CPU tensors of the global process set; process sets and CUDA tensors keep their backends.
+CPU tensors of the global process set; process sets and CUDA tensors keep their transports.
 """
 
 from __future__ import annotations

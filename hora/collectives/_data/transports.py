@@ -31,9 +31,8 @@ REDUCE_OPS = {
     Max: dist.ReduceOp.MAX,
     Product: dist.ReduceOp.PRODUCT,
 }
-# Newer torch renamed these two and warns (FutureWarning, on every rank) at each old-name call.
+# Newer torch renamed it and warns (FutureWarning, on every rank) at each old-name call.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 # Counters the tests read to see fusion and routing at work (never timings).
 stats: Counter[str] = Counter()
@@ -69,7 +68,7 @@ def collective(
     *args: Any,
     **kwargs: Any,
 ) -> None:
-    """`fn(out, *args, group=...)` on the set's backend; `out` is the tensor the call writes."""
+    """`fn(out, *args, group=...)` on the set's gloo or NCCL group; `out`: what the call writes."""
     staged = device == "cuda" and (info.nccl is None or not nccl_usable(info))
     phase = f"{'NCCL' if device == 'cuda' and not staged else 'GLOO'}_{kind.upper()}"
     begin_each(names, phase)
@@ -128,7 +127,7 @@ def reduce_work(
     src: torch.Tensor | None = None,
 ) -> None:
     """Reduce one packed buffer across the set, then scale it: shared memory on one host, the
-    hierarchical path on several, else the backend. `src`, where `reads_source`: the input,
+    hierarchical path on several, else gloo or NCCL. `src`, where `reads_source`: the input,
     when `work` is a fresh output."""
     if info.size > 1 and device == "cpu":
         source = work if src is None else src
@@ -149,7 +148,7 @@ def gather_work(
     names: list[str], recv: torch.Tensor, send: torch.Tensor, info: GroupInfo, device: str
 ) -> None:
     """`recv` = every member's `send` (bytes, equal counts), in set order: the hierarchical path
-    where it serves, else the backend."""
+    where it serves, else gloo or NCCL."""
     hierarchy = info.hierarchy
     if device == "cpu" and hierarchy is not None and hierarchy.allgather_on:
         hierarchical(names, ALLGATHER, hierarchy.allgather, recv, send)
@@ -161,7 +160,7 @@ def broadcast_work(
     names: list[str], buf: torch.Tensor, root: int, info: GroupInfo, device: str
 ) -> None:
     """`buf` (bytes) = global rank `root`'s: the hierarchical path where it serves, else the
-    backend."""
+    gloo or NCCL."""
     hierarchy = info.hierarchy
     if device == "cpu" and hierarchy is not None and hierarchy.allgather_on:
         hierarchical(names, BROADCAST, hierarchy.broadcast, buf, root)

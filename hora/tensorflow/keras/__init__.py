@@ -40,15 +40,13 @@ from hora.collectives import remove_process_set as remove_process_set
 from hora.collectives import rocm_built as rocm_built
 from hora.collectives import shutdown as shutdown
 from hora.collectives import size as size
+from hora.collectives.framework import op_faces
 from hora.tensorflow import Compression as Compression
 from hora.tensorflow import SyncBatchNormalization as SyncBatchNormalization
-from hora.tensorflow import allgather as allgather
 from hora.tensorflow import allgather_object as allgather_object
-from hora.tensorflow import allreduce as allreduce
-from hora.tensorflow import broadcast as broadcast
 from hora.tensorflow import broadcast_object as broadcast_object
 from hora.tensorflow import broadcast_variables as broadcast_variables
-from hora.tensorflow import reducescatter as reducescatter
+from hora.tensorflow import mpi_ops as _tf_ops
 from hora.tensorflow.compression import Compressor
 from hora.tensorflow.keras import callbacks as callbacks
 from hora.tensorflow.keras._optimizer import DistributedOptimizer as DistributedOptimizer
@@ -61,6 +59,12 @@ from hora.timeline import stop_timeline as stop_timeline
 
 from hora.tensorflow.keras import elastic as elastic  # isort: skip -- uses the names above
 
+# Each op's Keras face is its TF face, for the ops whose spec names one: taken by name so that a
+# new op reaches Keras through its spec alone.
+_OP_FACES = op_faces("keras")
+globals().update({name: getattr(_tf_ops, name) for name in _OP_FACES})
+
+# The names this package adds, and each op's Keras face.
 __all__ = [
     "Adasum",
     "Average",
@@ -72,10 +76,7 @@ __all__ = [
     "Sum",
     "SyncBatchNormalization",
     "add_process_set",
-    "allgather",
     "allgather_object",
-    "allreduce",
-    "broadcast",
     "broadcast_global_variables",
     "broadcast_object",
     "broadcast_variables",
@@ -100,13 +101,13 @@ __all__ = [
     "mpi_threads_supported",
     "nccl_built",
     "rank",
-    "reducescatter",
     "remove_process_set",
     "rocm_built",
     "shutdown",
     "size",
     "start_timeline",
     "stop_timeline",
+    *_OP_FACES,
 ]
 
 

@@ -1,9 +1,11 @@
 """The per-operation algorithms (Horovod's `ops/*_operations.cc`): how one negotiated bucket of
-each kind is packed, moved through a backend (`transports`) and handed back.
+each kind is packed, moved through a transport (`transports`) and handed back.
 
 Each module's `run(bucket, ops, info, device)` runs one bucket on this rank; `ops[i]` is what this
 rank submitted for the bucket's i-th entry (None when it joined: it contributes zeros), and the
-results land in each op's `outputs`. This module holds what they share.
+results land in each op's `outputs`. Each module also declares the op's `SPEC`
+(`op_spec.OpSpec`: everything else hora knows of the op), which `registry` finds there: a new op
+is a new module here. This module holds what they share.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Allgather: every rank's rows of each tensor, concatenated on dim 0 in rank order.
 
 Ranks may contribute different numbers of rows, so each rank's segment holds its tensors' bytes,
-each aligned, padded to the longest segment; one backend call gathers the segments and the rows
+each aligned, padded to the longest segment; one transport call gathers the segments and the rows
 are cut back out. One tensor of equal sizes everywhere is gathered straight into its output.
 """
 
@@ -16,8 +16,9 @@ from hora.collectives._data.dtypes import as_bytes, dtype_from_name
 from hora.collectives._data.fusion import aligned
 from hora.collectives._data.groups import GroupInfo
 from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.op_spec import OpSpec
 from hora.collectives._data.transports import gather_work
-from hora.collectives._messages import Bucket
+from hora.collectives._messages import ALLGATHER, Bucket, Request
 from hora.timeline.hooks import begin_each, end_each
 
 
@@ -105,3 +106,24 @@ def _rows_of(recv: torch.Tensor, plan: Layout, k: int, seg: int, size: int) -> t
     starts = [r * seg + plan.offsets[r][k] for r in range(size)]
     pieces = [recv[s : s + plan.rows[r][k] * plan.row_bytes[k]] for r, s in enumerate(starts)]
     return torch.cat(pieces)
+
+
+def _fuses_on(req: Request) -> tuple[object, ...]:
+    """Allgathers of one kind, set and device fuse whatever else they hold."""
+    return ()
+
+
+SPEC = OpSpec(
+    kind=ALLGATHER,
+    run=run,
+    fuses_on=_fuses_on,
+    per_rank_shapes=True,
+    join_refusal="Allgather is not supported with Join at this time. Specify "
+    "sparse_as_dense=True if using DistributedOptimizer",
+    faces={
+        "collectives": ("allgather_async", "grouped_allgather_async"),
+        "torch": ("allgather", "grouped_allgather"),
+        "tensorflow": ("allgather", "grouped_allgather"),
+        "keras": ("allgather",),
+    },
+)

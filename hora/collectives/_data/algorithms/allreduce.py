@@ -1,6 +1,6 @@
 """Allreduce: a bucket of one tensor is reduced where it lies (no fusion copy); a bucket of many
 is packed into one buffer per dtype, reduced once, and handed back as views of that buffer (or
-copied back into the callers' tensors when in place). Types the backend lacks, or sums too
+copied back into the callers' tensors when in place). Types the transport lacks, or sums too
 imprecise in them, are reduced widened (`dtypes.reduce_dtype`) and cast back."""
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from hora.collectives._data.dtypes import cast_back_, reduce_dtype, scale_
 from hora.collectives._data.fusion import cached_layout
 from hora.collectives._data.groups import GroupInfo
 from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.op_spec import OpSpec, reduction_mismatch, reduction_parameters
 from hora.collectives._data.transports import reads_source, reduce_work, shm_allreduce
-from hora.collectives._messages import Bucket, Request
+from hora.collectives._messages import ALLREDUCE, Bucket, Request
 from hora.timeline import hooks as _th
 from hora.timeline.hooks import begin_each, end_each
 
@@ -127,7 +128,7 @@ def _shared_memory_source(
 
 
 def _pack(items: Items, inplace: list[bool], wide: torch.dtype) -> torch.Tensor:
-    """The buffer the backend reduces: the tensor itself when alone and in place, else a copy
+    """The buffer the transport reduces: the tensor itself when alone and in place, else a copy
     (widened to `wide` where the dtype needs it)."""
     if len(items) == 1:
         i, _, t = items[0]
@@ -193,7 +194,7 @@ def _run_in_place(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo) ->
     """This rank's CPU tensors, one per entry, of one dtype that reduces as itself, all in place.
     Runs it with none of the general path's per-tensor bookkeeping: on one host the tensors go
     straight into the shared segment and the sum lands in the persistent fusion buffer,
-    elsewhere they are packed into that buffer for the backend; False: not such a bucket."""
+    elsewhere they are packed into that buffer for the transport; False: not such a bucket."""
     tensors = _one_dtype_in_place(ops)
     if tensors is None:
         return False
@@ -222,3 +223,25 @@ def _one_dtype_in_place(ops: list[LocalOp | None]) -> list[torch.Tensor] | None:
     if dtype is None or reduce_dtype(dtype, "cpu") != dtype:
         return None
     return tensors
+
+
+SPEC = OpSpec(
+    kind=ALLREDUCE,
+    run=run,
+    fuses_on=reduction_parameters,
+    mismatch=reduction_mismatch,
+    faces={
+        "collectives": (
+            "allreduce_",
+            "allreduce_async",
+            "allreduce_async_",
+            "grouped_allreduce_",
+            "grouped_allreduce_async",
+            "grouped_allreduce_async_",
+            "sparse_allreduce_async",
+        ),
+        "torch": ("allreduce", "grouped_allreduce"),
+        "tensorflow": ("allreduce", "grouped_allreduce"),
+        "keras": ("allreduce",),
+    },
+)

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from hora.collectives._data.algorithms import row_bytes
 from hora.collectives._data.groups import GroupInfo
 from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.op_spec import OpSpec
 from hora.collectives._data.transports import collective
 from hora.collectives._messages import ALLTOALL, Bucket
 
@@ -49,3 +50,16 @@ def run(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str)
         output = out_bytes.view(t.dtype).reshape(rows) if rb else t.new_empty(rows)
         outs.append((output, torch.tensor(recv_splits, dtype=torch.int32)))
     op.outputs = outs
+
+
+SPEC = OpSpec(
+    kind=ALLTOALL,
+    run=run,
+    per_rank_shapes=True,
+    join_refusal="Alltoall is not supported with Join at this time.",
+    faces={
+        "collectives": ("alltoall_async",),
+        "torch": ("alltoall",),
+        "tensorflow": ("alltoall",),
+    },
+)

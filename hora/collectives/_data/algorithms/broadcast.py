@@ -12,8 +12,9 @@ from hora.collectives._data.dtypes import as_bytes
 from hora.collectives._data.fusion import aligned
 from hora.collectives._data.groups import GroupInfo
 from hora.collectives._data.local_op import LocalOp
+from hora.collectives._data.op_spec import OpSpec
 from hora.collectives._data.transports import broadcast_work
-from hora.collectives._messages import Bucket
+from hora.collectives._messages import BROADCAST, Bucket, Request
 from hora.timeline.hooks import begin_each, end_each
 
 # (entry index, tensor index within the entry, tensor)
@@ -76,3 +77,38 @@ def _run_fused(
         else:
             outputs[i][j] = t.clone() if is_root else piece
     end_each(names, "MEMCPY_OUT_FUSION_BUFFER")
+
+
+def _root(req: Request) -> tuple[object, ...]:
+    """Broadcasts fuse when they share a root."""
+    return (req.root,)
+
+
+def _root_mismatch(first: Request, req: Request, where: str) -> str | None:
+    """Every rank names the same root."""
+    if req.root != first.root:
+        return "Mismatched broadcast root ranks: " + where.format(a=first.root, b=req.root)
+    return None
+
+
+def _root_in_set(req: Request, members: tuple[int, ...], name: str) -> str | None:
+    """The root is a member of the set the broadcast runs in."""
+    if req.root not in members:
+        return f"Broadcast root rank {req.root} is not in the process set (tensor '{name}')"
+    return None
+
+
+SPEC = OpSpec(
+    kind=BROADCAST,
+    run=run,
+    fuses_on=_root,
+    mismatch=_root_mismatch,
+    check=_root_in_set,
+    join_refusal="Broadcast is not supported with Join at this time.",
+    faces={
+        "collectives": ("broadcast_", "broadcast_async", "broadcast_async_"),
+        "torch": ("broadcast",),
+        "tensorflow": ("broadcast",),
+        "keras": ("broadcast",),
+    },
+)

@@ -1,5 +1,5 @@
 """Reducescatter: reduce across the set, then rank i keeps the i-th block of rows (the first
-`dim0 % size` ranks one row more). Uneven blocks are padded to equal ones for the backend call;
+`dim0 % size` ranks one row more). Uneven blocks are padded to equal ones for the transport call;
 always alone in its bucket."""
 
 from __future__ import annotations
@@ -7,14 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from hora.collectives._common import Average
+from hora.collectives._common import Average, Sum
 from hora.collectives._data.algorithms import zeros_like_request
 from hora.collectives._data.dtypes import cast_back_, reduce_dtype, scale_
 from hora.collectives._data.groups import GroupInfo
 from hora.collectives._data.local_op import LocalOp
-from hora.collectives._data.transports import REDUCE_OPS, collective, reduce_scatter_single
+from hora.collectives._data.op_spec import OpSpec, reduction_mismatch
+from hora.collectives._data.transports import REDUCE_OPS, collective
 from hora.collectives._messages import REDUCESCATTER, Bucket, Request
+
+# Newer torch renamed it and warns (FutureWarning, on every rank) at each old-name call.
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def run(bucket: Bucket, ops: list[LocalOp | None], info: GroupInfo, device: str) -> None:
@@ -72,3 +77,24 @@ def _padded(work: torch.Tensor, counts: list[int], chunk: int) -> torch.Tensor:
         padded[r * chunk : r * chunk + counts[r]].copy_(work[start : start + counts[r]])
         start += counts[r]
     return padded
+
+
+def _average_or_sum(req: Request, members: tuple[int, ...], name: str) -> str | None:
+    """Horovod's reducescatter reduces by Average or Sum only."""
+    if req.op not in (Average, Sum):
+        return f"Reducescatter supports only Average and Sum (tensor '{name}')"
+    return None
+
+
+SPEC = OpSpec(
+    kind=REDUCESCATTER,
+    run=run,
+    mismatch=reduction_mismatch,
+    check=_average_or_sum,
+    faces={
+        "collectives": ("grouped_reducescatter_async", "reducescatter_async"),
+        "torch": ("grouped_reducescatter", "reducescatter"),
+        "tensorflow": ("grouped_reducescatter", "reducescatter"),
+        "keras": ("reducescatter",),
+    },
+)

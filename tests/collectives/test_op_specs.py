@@ -1,0 +1,100 @@
+"""One place per collective op: each op's facts are its `OpSpec`, and every table is read from
+the specs, so the modules that hold the tables name no op."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+import hora.collectives
+from hora.collectives._data.op_spec import FRAMEWORKS
+from hora.collectives._data.registry import OPS, PER_RANK_KINDS, faces
+from hora.collectives._messages import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, Request
+
+COLLECTIVES = Path(hora.collectives.__file__).parent
+
+#: the modules that derive a table from the specs (or show it to the frameworks): no op is
+#: named in them, so a new op never touches them
+TABLES = (
+    "_control/planning.py",
+    "_control/validation.py",
+    "_control/cache.py",
+    "_data/execute.py",
+    "_data/registry.py",
+    "_data/op_spec.py",
+    "framework.py",
+    "__init__.py",
+)
+
+#: where a framework shows its ops' faces
+FACE_MODULES = {
+    "collectives": "hora.collectives",
+    "torch": "hora.torch",
+    "tensorflow": "hora.tensorflow",
+    "keras": "hora.tensorflow.keras",
+}
+
+
+def test_every_op_has_a_spec() -> None:
+    assert set(OPS) == {
+        "allreduce",
+        "allgather",
+        "broadcast",
+        "alltoall",
+        "reducescatter",
+        "barrier",
+    }
+    assert all(spec.kind == kind for kind, spec in OPS.items())
+
+
+def test_horovods_facts_come_out_of_the_specs() -> None:
+    assert {kind for kind, spec in OPS.items() if spec.fuses_on} == {
+        ALLREDUCE,
+        ALLGATHER,
+        BROADCAST,
+    }
+    assert {ALLGATHER, ALLTOALL} == PER_RANK_KINDS
+    assert {kind for kind, spec in OPS.items() if spec.join_refusal} == {
+        ALLGATHER,
+        BROADCAST,
+        ALLTOALL,
+    }
+    assert OPS[BARRIER].faces == {"collectives": ("barrier",)}
+
+
+def test_what_fusing_ops_agree_on() -> None:
+    req = Request("x", ALLREDUCE, 0, ("float32",), ((4,),), "cpu", 16, 1, 0.5, 2.0, 3)
+    assert OPS[ALLREDUCE].fuses_on(req) == (1, 0.5, 2.0)  # type: ignore[misc]
+    assert OPS[BROADCAST].fuses_on(req._replace(kind=BROADCAST)) == (3,)  # type: ignore[misc]
+    assert OPS[ALLGATHER].fuses_on(req._replace(kind=ALLGATHER)) == ()  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("path", TABLES)
+def test_the_tables_name_no_op(path: str) -> None:
+    text = (COLLECTIVES / path).read_text().lower()
+    named = [kind for kind in OPS if re.search(rf"\b{kind}\b", text)]
+    assert named == [], f"hora/collectives/{path} names {named}: read it from the specs"
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+def test_every_face_is_there(framework: str) -> None:
+    module = pytest.importorskip(FACE_MODULES[framework])
+    names = faces(framework)
+    assert names, framework
+    assert set(names) <= set(module.__all__)
+    assert [name for name in names if not callable(getattr(module, name, None))] == []
+
+
+def test_an_unknown_framework_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown framework"):
+        faces("jax")
+
+
+def test_horovods_import_path_of_mpi_ops() -> None:
+    """`horovod.torch.mpi_ops` is a module users import: so is `hora.torch.mpi_ops`."""
+    mpi_ops = importlib.import_module("hora.torch.mpi_ops")
+    assert Path(mpi_ops.__file__).name == "mpi_ops.py"
+    assert callable(mpi_ops.reducescatter) and callable(mpi_ops.allreduce_async)
