@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from hora import environment
 from hora.checkpoint import _format
-from hora.storage import Directory, is_temp, open_directory
+from hora.storage import Location, is_temp
 from hora.wire.link import log_to_driver
 
 _NAME = re.compile(r"^step-(\d+)\.ckpt$")
@@ -76,9 +76,9 @@ class Checkpoint:
         self, directory: str | os.PathLike[str], keep: int = 3, *, filesystem: Any = None
     ) -> None:
         self._keep = _check_count("keep", keep, 1)
-        self._storage: Directory = open_directory(directory, filesystem, "Checkpoint directory")
+        self._storage = Location.parse(directory, "Checkpoint directory", filesystem=filesystem)
         if _rank_and_size()[0] == 0:
-            self._storage.prepare()
+            self._storage.check_writable()
 
     @property
     def directory(self) -> str:

@@ -5,10 +5,10 @@ its attempt, and on Spark a failed barrier stage takes every task down, survivor
 an in-memory commit would die with them. Each commit is therefore also written by the host's
 local rank 0 (after a commit every rank holds the same state) to a file that outlives the
 processes: in the host's shared memory (/dev/shm, a tmpfs: no disk; the temp folder where there
-is none), `hora-elastic-<uid>/<run id>/commit.pt`, replaced atomically (written beside it, then
-renamed, so a rank killed mid-write leaves the previous commit whole). It holds the commit's
-number, how many ranks made it, and the state. A new attempt's ranks read their hosts' files and
-restore the freshest (`hora.collectives.elastic`).
+is none), `hora-elastic-<uid>/<run id>/commit.pt`, replaced atomically by `hora.storage`'s one
+writer (written beside it, then renamed, so a rank killed mid-write leaves the previous commit
+whole). It holds the commit's number, how many ranks made it, and the state. A new attempt's
+ranks read their hosts' files and restore the freshest (`hora.collectives.elastic`).
 
 The files of a run are removed when it ends, by its last ranks (every host they ran on) and by
 the driver (its own host); a host that left the run keeps its file until a later run on it
@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from hora.storage import Location
 
 SHARED_MEMORY = "/dev/shm"
 STALE_SECONDS = 24 * 3600.0
@@ -49,6 +51,7 @@ class CommitStore:
 
     def __init__(self, run_id: str):
         self.folder = _root() / run_id
+        self._place = Location.parse(self.folder, "commit store")
 
     @property
     def path(self) -> Path:
@@ -60,24 +63,23 @@ class CommitStore:
 
         self.folder.parent.mkdir(exist_ok=True, mode=0o700)  # this user's, private
         self.folder.mkdir(exist_ok=True, mode=0o700)
-        temp = self.folder / f".{FILE_NAME}.{os.getpid()}.tmp"
-        with open(temp, "wb") as f:
-            torch.save({"number": commit.number, "size": commit.size, "state": commit.state}, f)
-        os.replace(temp, self.path)
+        saved = {"number": commit.number, "size": commit.size, "state": commit.state}
+        self._place.write_atomically(FILE_NAME, lambda out: torch.save(saved, out))
 
     def read(self) -> Commit | None:
         """This host's latest commit of the run, or None."""
         import torch
 
         try:
-            with open(self.path, "rb") as f:
+            with self._place.open_read(FILE_NAME) as (f, _):
                 data = torch.load(f, map_location="cpu", weights_only=False)  # our own file
         except FileNotFoundError:
             return None
         return Commit(int(data["number"]), int(data["size"]), data["state"])
 
     def remove(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self._place.remove_tree()
         with contextlib.suppress(OSError):
             self.folder.parent.rmdir()  # only when no other run of this user keeps commits
 

@@ -17,6 +17,7 @@ See docs/data.md for the guarantees (each row once per epoch, resume, resize) an
 
 from hora.data._columns import ColumnError as ColumnError
 from hora.data._dataset import Dataset as Dataset
+from hora.data._dataset import EmptyDataError as EmptyDataError
 from hora.data._dataset import from_parquet as from_parquet
 from hora.data._delta import from_delta as from_delta
 from hora.data._loader import DEFAULT_PREFETCH as DEFAULT_PREFETCH
@@ -32,6 +33,7 @@ __all__ = [
     "STORE_CONF",
     "ColumnError",
     "Dataset",
+    "EmptyDataError",
     "Loader",
     "LoaderWorkerError",
     "from_delta",

@@ -15,6 +15,11 @@ from hora.data._tf import tf_dataset
 from hora.storage import Location
 
 
+class EmptyDataError(ValueError):
+    """The data has no rows: there is nothing to train on (a door that splits its data, the
+    estimator's validation rows, tells an empty part from a wrong one by this class)."""
+
+
 @dataclass(frozen=True)
 class Dataset(Files):
     """Parquet files under `uri` (a path or any URI pyarrow opens), as the loader reads them.

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from hora.data._columns import SCALAR, Column
-from hora.data._dataset import Dataset
+from hora.data._dataset import Dataset, EmptyDataError
 from hora.data._files import DELTA, Piece, pack_deleted
 from hora.data._footers import Footer, columns_of, nulls_message, read_footer
 from hora.storage import Location
@@ -69,7 +69,7 @@ def from_delta(
     pieces = _pieces(names, footers, deleted, where)
     _check_nulls(wanted, described, footers, pieces)
     if not pieces:
-        raise ValueError(f"{where} has no live rows: there is nothing to train on")
+        raise EmptyDataError(f"{where} has no live rows: there is nothing to train on")
     dropped = sum(int(mask.sum()) for mask in deleted.values())
     key = _fingerprint(location, table, at, wanted, described, dict(pad or {}))
     renamed = {name: file for name, file in wanted if name != file}

@@ -100,11 +100,10 @@ class Files:
             )
             return
         location = self.location
-        filesystem, root = location.arrow()
         if self.files == ("",):
-            filesystem.delete_file(root)
+            location.filesystem().delete_file(location.root)
         else:
-            location.delete_dir(root)
+            location.remove_tree()
 
     def column(self, name: str) -> Column:
         return {c.name: c for c in self.columns}[name]

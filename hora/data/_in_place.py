@@ -17,7 +17,7 @@ import urllib.parse
 from collections.abc import Mapping, Sequence
 
 from hora.data._columns import SCALAR, Column
-from hora.data._dataset import Dataset
+from hora.data._dataset import Dataset, EmptyDataError
 from hora.data._files import IN_PLACE, Piece
 from hora.data._footers import Footer, columns_of, nulls_message, read_footer
 from hora.data._scan import Scan
@@ -75,7 +75,7 @@ def read_in_place(scan: Scan, columns: Sequence[Column], pad: Mapping[str, int])
         if rows
     )
     if not pieces:
-        raise ValueError("the DataFrame is empty: there is nothing to train on")
+        raise EmptyDataError("the DataFrame is empty: there is nothing to train on")
     renamed = {name: file for name, file in wanted if name != file}
     key = _fingerprint(root, names, footers, wanted, columns, pad)
     return Dataset(

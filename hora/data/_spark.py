@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from hora.data._columns import ARRAY, BYTES, Column, describe
-from hora.data._dataset import Dataset, parquet_files, read_footers
+from hora.data._dataset import Dataset, EmptyDataError, parquet_files, read_footers
 from hora.data._files import WRITTEN
 from hora.data._in_place import read_in_place
 from hora.data._scan import plain_scan
@@ -127,22 +127,22 @@ def _no_dictionary(columns: list[Column]) -> list[str]:
 
 def _checked(facts: dict[str, Any], columns: list[Column], pad: Mapping[str, int]) -> list[Column]:
     if not facts["rows"]:
-        raise ValueError("the DataFrame is empty: there is nothing to train on")
+        raise EmptyDataError("the DataFrame is empty: there is nothing to train on")
     out = []
     for i, c in enumerate(columns):
         if c.kind != BYTES and facts[f"n{i}"] != facts["rows"]:
             raise ValueError(
                 f"column {c.name!r} has {facts['rows'] - facts[f'n{i}']} null rows, which cannot "
                 f"become a tensor: fill them (df.fillna) or drop them (df.dropna(subset="
-                f"[{c.name!r}])) before from_spark"
+                f"[{c.name!r}])) first"
             )
         if c.kind == ARRAY:
             lo, hi = int(facts[f"lo{i}"]), int(facts[f"hi{i}"])
             if lo != hi and c.name not in pad:
                 raise ValueError(
                     f"column {c.name!r} holds arrays of {lo} to {hi} values; a tensor needs one "
-                    f"length: pass pad={{{c.name!r}: {hi}}} to pad them with zeros, or make "
-                    "them one length before from_spark"
+                    f"length: make them one length first, or pass from_spark pad={{{c.name!r}: "
+                    f"{hi}}} to pad them with zeros"
                 )
             if c.name in pad and hi > pad[c.name]:
                 raise ValueError(
@@ -232,7 +232,7 @@ def from_spark(
         raise
     if data is None or not key:
         return dataset
-    marker = data.path(f"{key}.json")
+    marker = f"{key}.json"
     cached = _cached(data, marker, key, columns, pad, facts["rows"])
     if cached is not None:
         _remove(target)
@@ -258,7 +258,7 @@ def _cached(
 
 def _remove(target: Location) -> None:
     with contextlib.suppress(OSError):  # best effort: the refusal says what matters
-        target.delete_dir(target.root)
+        target.remove_tree()
 
 
 def _described(

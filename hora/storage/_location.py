@@ -1,52 +1,61 @@
-"""One parser for every place hora keeps files: a local path, a `file:` URI, or a pyarrow URI.
+"""One face for every place hora keeps files: a local path, a `file:` URI, or a pyarrow URI.
 
-Checkpoints, the estimator's store and the data door all name a place the same way and are
-refused for the same reasons, with the same words; only the label in the message differs.
+Checkpoints, elastic commits, the estimator's store and the data door all name a place the same
+way, are refused for the same reasons with the same words (only the label in the message
+differs), and write through the same atomic writer (`_atomic`). Names of files under a place are
+relative and `/`-separated ("runs/r1/model/model.pkl"), whatever the filesystem.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import secrets
+import shutil
 import urllib.parse
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, BinaryIO
+
+from hora.storage._atomic import temp_name, write_arrow, write_local
 
 # pyarrow's filesystem and root path per URI, resolved once per process (a Location is pickled to
 # executors and ranks; what pyarrow opened is not shipped with it).
 _ARROW: dict[str, tuple[Any, str]] = {}
 
 
-def temp_name(name: str) -> str:
-    """A sibling name for a file being written: hidden (leading dot), `.tmp`, naming its pid."""
-    return f".{name}.{os.getpid()}-{secrets.token_hex(4)}{TEMP_SUFFIX}"
+class NotWritableError(OSError, ValueError):
+    """A place that cannot hold files; the message names it and says what to give instead.
+
+    An OSError (the filesystem refused) and a ValueError (the setting is wrong) at once, so
+    that either `except` catches it."""
 
 
-def is_temp(name: str) -> bool:
-    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
-
-
-# A file being written is named `.<final name>.<pid>-<random>.tmp`: the leading dot and the suffix
-# keep it out of every listing of finished files, and the pid says who left it behind.
-TEMP_SUFFIX = ".tmp"
+def _parts(name: str) -> list[str]:
+    return [part for part in name.split("/") if part]
 
 
 @dataclass(frozen=True)
 class Location:
     """A parsed place: `uri` as the user wrote it; `local` is its absolute path when it is on this
-    machine's filesystem (a mounted share included), else "" and pyarrow opens `uri`."""
+    machine's filesystem (a mounted share included), else "" and pyarrow opens `uri` (or `uri` is
+    a path on `arrow_fs`, a pyarrow filesystem the user configured)."""
 
     uri: str
     local: str
     what: str = "store"  # how messages name it: "store", "Checkpoint directory", ...
+    arrow_fs: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def parse(cls, place: str | os.PathLike[str], what: str = "store") -> Location:
+    def parse(
+        cls, place: str | os.PathLike[str], what: str = "store", *, filesystem: Any = None
+    ) -> Location:
+        """The place a path or URI names; with `filesystem` (a pyarrow FileSystem), `place` is a
+        path on it. A ValueError says what to write instead."""
         text = os.fspath(place) if isinstance(place, str | os.PathLike) else place
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"{what} must be a non-empty path or URI, got {place!r}")
+        if filesystem is not None:
+            return cls(text.rstrip("/") or "/", "", what, filesystem)
         parsed = urllib.parse.urlparse(text)
         if parsed.scheme == "file":
             if parsed.netloc not in ("", "localhost"):
@@ -59,12 +68,16 @@ class Location:
             return cls(text, "", what)
         return cls(text, os.path.abspath(os.path.expanduser(text)), what)
 
+    # -- where: the place as each reader and writer names it --
+
     @property
     def is_local(self) -> bool:
         return bool(self.local)
 
     def arrow(self) -> tuple[Any, str]:
         """pyarrow's filesystem and the root's path on it; a clear error when it cannot open."""
+        if self.arrow_fs is not None:
+            return self.arrow_fs, self.uri
         try:
             from pyarrow import fs
         except ImportError as e:
@@ -107,60 +120,112 @@ class Location:
             return "file://" + os.path.join(self.local, *parts)
         return self.location(*parts)
 
+    def describe(self, name: str = "") -> str:
+        """The place (or a file in it) as the user would write it, for messages."""
+        return self.location(*_parts(name))
+
     def child(self, *parts: str) -> Location:
         """The location of a directory under this one."""
+        if self.arrow_fs is not None:
+            return replace(self, uri=self.path(*parts))
         return Location.parse(self.location(*parts), self.what)
+
+    # -- files: every operation takes a name relative to the root --
+
+    def _local(self, name: str) -> str:
+        return os.path.join(self.local, *_parts(name))
 
     def check_writable(self) -> None:
         """Create the root and prove a file can be written there, or say what to change."""
-        filesystem = self.filesystem()
-        probe = self.path(temp_name("probe"))
+        where = self.describe()
+        if os.path.isfile(self.local) if self.is_local else self._is_file():
+            raise NotWritableError(
+                f"{self.what} {where!r} is a file, not a directory; give a directory path (it "
+                "is created if missing)"
+            )
         try:
-            filesystem.create_dir(self.root, recursive=True)
-            with filesystem.open_output_stream(probe) as out:
-                out.write(b"ok")
-            filesystem.delete_file(probe)
-        except (OSError, ValueError) as e:
-            raise ValueError(
-                f"{self.what} {self.uri!r} cannot be written ({e}); give a directory (or URI) "
-                "that the driver and every executor can create files in"
+            probe = temp_name("probe")
+            if self.is_local:
+                os.makedirs(self.local, exist_ok=True)
+                with open(self._local(probe), "xb"):
+                    pass
+                os.remove(self._local(probe))
+            else:
+                filesystem = self.filesystem()
+                filesystem.create_dir(self.root, recursive=True)
+                with filesystem.open_output_stream(self.path(probe)):
+                    pass
+                filesystem.delete_file(self.path(probe))
+        except OSError as e:
+            raise NotWritableError(
+                f"{self.what} {where!r} cannot be written ({e.strerror or e}); give a directory "
+                "(or URI) that this process, and every process that shares it, can create "
+                "files in"
             ) from e
 
-    def exists(self, path: str) -> bool:
+    def _is_file(self) -> bool:
         from pyarrow import fs
 
-        return self.filesystem().get_file_info(path).type != fs.FileType.NotFound
+        return bool(self.filesystem().get_file_info(self.root).type == fs.FileType.File)
 
-    def read_bytes(self, path: str) -> bytes:
-        with self.filesystem().open_input_stream(path) as f:
+    def names(self, folder: str = "") -> list[str]:
+        """The names in a directory under the root; none when it does not exist yet."""
+        if self.is_local:
+            try:
+                return os.listdir(self._local(folder))
+            except FileNotFoundError:
+                return []
+        from pyarrow import fs
+
+        selector = fs.FileSelector(self.path(*_parts(folder)), allow_not_found=True)
+        return [info.base_name for info in self.filesystem().get_file_info(selector)]
+
+    def exists(self, name: str = "") -> bool:
+        if self.is_local:
+            return os.path.exists(self._local(name))
+        from pyarrow import fs
+
+        info = self.filesystem().get_file_info(self.path(*_parts(name)))
+        return bool(info.type != fs.FileType.NotFound)
+
+    @contextlib.contextmanager
+    def open_read(self, name: str) -> Iterator[tuple[BinaryIO, int]]:
+        """A seekable binary file and its size."""
+        if self.is_local:
+            with open(self._local(name), "rb") as f:
+                yield f, os.fstat(f.fileno()).st_size
+        else:
+            with self.filesystem().open_input_file(self.path(*_parts(name))) as f:
+                yield f, f.size()
+
+    def read_bytes(self, name: str) -> bytes:
+        with self.open_read(name) as (f, _):
             return bytes(f.read())
 
-    def write_bytes(self, path: str, data: bytes) -> None:
-        """Write a whole file: to a temp name first, then moved over `path`."""
-        parent, name = path.rsplit("/", 1)
-        move_into_place(self.filesystem(), parent, name, lambda out: out.write(data))
+    def write_atomically(self, name: str, write: Callable[[BinaryIO], Any]) -> None:
+        """Have `write` fill a temp file beside `name`, then make it appear as `name` whole
+        (fsynced, with its directory, on a local disk)."""
+        *parent, base = _parts(name)
+        if self.is_local:
+            write_local(os.path.join(self.local, *parent), base, write)
+        else:
+            write_arrow(self.filesystem(), self.path(*parent), base, write)
 
-    def delete_dir(self, path: str) -> None:
-        if self.exists(path):
-            self.filesystem().delete_dir(path)
+    def write_bytes(self, name: str, data: bytes) -> None:
+        self.write_atomically(name, lambda out: out.write(data))
 
+    def remove(self, name: str) -> None:
+        """Remove a file; one already gone is not an error."""
+        with contextlib.suppress(FileNotFoundError):
+            if self.is_local:
+                os.remove(self._local(name))
+            else:
+                self.filesystem().delete_file(self.path(*_parts(name)))
 
-def move_into_place(filesystem: Any, parent: str, name: str, write: Callable[[Any], Any]) -> None:
-    """Have `write` fill a temp file in `parent` through pyarrow, then move it over `name`."""
-    temp = f"{parent.rstrip('/')}/{temp_name(name)}"
-    final = f"{parent.rstrip('/')}/{name}"
-    filesystem.create_dir(parent, recursive=True)  # made on the driver, used on an executor
-    try:
-        with filesystem.open_output_stream(temp) as out:
-            write(out)
-        try:
-            filesystem.move(temp, final)
-        except OSError:
-            # Some filesystems (HDFS) refuse to move onto an existing file: the same name
-            # written again. Remove the old one and move again.
-            filesystem.delete_file(final)
-            filesystem.move(temp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            filesystem.delete_file(temp)
-        raise
+    def remove_tree(self, name: str = "") -> None:
+        """Remove a directory and everything under it (the root itself by default)."""
+        if self.is_local:
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(self._local(name))
+        elif self.exists(name):
+            self.filesystem().delete_dir(self.path(*_parts(name)))

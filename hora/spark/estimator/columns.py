@@ -1,5 +1,10 @@
-"""Columns in, tensors out: which Spark columns a model can read, and the one conversion from
-Arrow to NumPy that training and inference share (so both see the same values and shapes)."""
+"""Spark columns in: which ones a model can read, and the one cast that makes them its numbers
+(float32, int64 labels, fixed-length float arrays; ML vectors through vector_to_array).
+
+Training writes the cast columns through `hora.data.from_spark`, whose column checks (nulls,
+arrays of one length, no rows) and Arrow-to-NumPy conversion then apply; this module is what
+comes before the cast (Spark's and pandas' types, the user's shapes), and the conversion of the
+inference UDF's Arrow batches and the driver's sample, which read the same cast columns."""
 
 from __future__ import annotations
 

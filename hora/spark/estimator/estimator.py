@@ -32,8 +32,9 @@ from hora.spark.estimator.connect_bases import ConnectEstimator
 from hora.spark.estimator.model import OUTPUT_TYPES, TorchModel
 from hora.spark.estimator.params import ESTIMATOR_OBJECTS, EstimatorParams
 from hora.spark.estimator.persistence import HoraReader, HoraWriter, StageFile
-from hora.spark.estimator.store import Store
+from hora.spark.estimator.store import CHECKPOINTS, MODEL, open_store, run_folder
 from hora.spark.estimator.train import TrainJob, metric_values, step_loss, train_on_rank
+from hora.storage import Location
 
 
 # pyspark.ml's save(path) comes first, before pyspark.ml.connect's save(path, *, overwrite)
@@ -80,7 +81,7 @@ class TorchEstimator(  # type: ignore[misc]
         if is_pandas(dataset):
             dataset = _spark_frame(session, dataset)
         settings = self._checked_settings()
-        store: Store = settings["store"]
+        store: Location = settings["store"]
         features = describe(dataset, self.getFeatureCols(), "feature")
         labels = describe(dataset, self.getLabelCols(), "label")
         validation = self.getValidation()
@@ -88,11 +89,12 @@ class TorchEstimator(  # type: ignore[misc]
             _check_validation_column(dataset, validation)
         store.check_writable()
         run_id = self.getRunId() or _new_run_id()
-        checkpoints = Checkpoint(store.run_location(run_id, "checkpoints"))
+        run = run_folder(store, run_id)
+        checkpoints = Checkpoint(run.location(CHECKPOINTS))
         found = checkpoints.latest()
         seed = self.getRandomSeed()
         if found is not None:
-            _check_fits(found.state, self.getModel(), run_id, store)
+            _check_fits(found.state, self.getModel(), run_id, run)
             seed = found.state["seed"]
         elif seed is None:
             seed = secrets.randbelow(2**31)
@@ -129,11 +131,9 @@ class TorchEstimator(  # type: ignore[misc]
             verbose=self.getVerbose(),
         )
         if self.getVerbose():
-            where = "re-used" if data.reused else "written"
             print(
                 f"hora: fitting run {run_id!r} on {num_proc} ranks: {data.train_rows} training and "
-                f"{data.validation_rows} validation rows ({where} under "
-                f"{store.location('data', data.key)})"
+                f"{data.validation_rows} validation rows (read from {data.train.uri})"
                 + (f", resuming after epoch {found.state['epoch']}" if found is not None else "")
             )
         backend = SPARK.name if session is not None else engines.DEFAULT
@@ -148,7 +148,7 @@ class TorchEstimator(  # type: ignore[misc]
         tracking.log_fit(
             {p.name: v for p, v in self.extractParamMap().items() if p.name not in ("model",)},
             model.getHistory(),
-            store.run_location(run_id, "model") if store.is_local else "",
+            run.location(MODEL) if run.is_local else "",
         )
         return model
 
@@ -173,7 +173,7 @@ class TorchEstimator(  # type: ignore[misc]
                 "files and the final model go, e.g. store='/dbfs/tmp/hora'"
             )
         return {
-            "store": Store.parse(store),
+            "store": open_store(store),
             "losses": losses,
             "loss_weights": [float(w) for w in weights],
             "metrics": metrics,
@@ -242,7 +242,7 @@ class TorchEstimator(  # type: ignore[misc]
         features: Any,
         labels: Any,
         settings: dict[str, Any],
-        store: Store,
+        store: Location,
     ) -> TorchModel:
         model = copy.deepcopy(self.getModel()).to("cpu")
         model.load_state_dict(state["model"])
@@ -312,13 +312,13 @@ def _check_validation_column(df: Any, name: str) -> None:
         )
 
 
-def _check_fits(state: Any, model: Any, run_id: str, store: Store) -> None:
+def _check_fits(state: Any, model: Any, run_id: str, run: Location) -> None:
     """A run_id's checkpoint must load into this model, or the fit stops before any launch."""
     try:
         copy.deepcopy(model).load_state_dict(state["model"])
     except Exception as e:
         raise ValueError(
-            f"run_id {run_id!r} has a checkpoint in {store.run_location(run_id, 'checkpoints')} "
+            f"run_id {run_id!r} has a checkpoint in {run.location(CHECKPOINTS)} "
             f"that does not fit this model ({str(e).splitlines()[0][:300]}); use another run_id "
             "to start a new run, or the model that run trained"
         ) from e

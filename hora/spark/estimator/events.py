@@ -13,13 +13,13 @@ import tempfile
 import warnings
 from typing import Any
 
-from hora.spark.estimator.store import Store
+from hora.spark.estimator.store import LOGS
+from hora.storage import Location
 
 
 class EpochEvents:
-    def __init__(self, store: Store, run_id: str) -> None:
-        self._store = store
-        self._run_id = run_id
+    def __init__(self, run: Location) -> None:
+        self._run = run
         self._writer: Any = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -30,8 +30,8 @@ class EpochEvents:
                 stacklevel=2,
             )
             return
-        if store.is_local:
-            self._local = store.run_location(run_id, "logs")
+        if run.is_local:
+            self._local = run.location(LOGS)
             self._temp = None
         else:
             self._temp = tempfile.mkdtemp(prefix="hora-events-")
@@ -61,7 +61,7 @@ class EpochEvents:
             return
         for name in os.listdir(self._temp):
             with open(os.path.join(self._temp, name), "rb") as f:
-                self._store.write_bytes(self._store.run(self._run_id, "logs", name), f.read())
+                self._run.write_bytes(f"{LOGS}/{name}", f.read())
 
 
 def _tag(name: str) -> str:

@@ -13,11 +13,12 @@ from typing import Any
 
 import cloudpickle
 
-from hora.spark.estimator.store import Store
+from hora.spark.estimator.store import MODEL
+from hora.storage import Location
 from hora.wire.link import log_to_driver
 
 
-def export_model(model: Any, example: list[Any] | None, store: Store, run_id: str) -> list[str]:
+def export_model(model: Any, example: list[Any] | None, run: Location) -> list[str]:
     """Write the files above; the names written (model.pt2 is left out when export fails)."""
     import torch
 
@@ -25,9 +26,9 @@ def export_model(model: Any, example: list[Any] | None, store: Store, run_id: st
     written = []
     buffer = io.BytesIO()
     torch.save(model.state_dict(), buffer)
-    store.write_bytes(store.run(run_id, "model", "state_dict.pt"), buffer.getvalue())
+    run.write_bytes(f"{MODEL}/state_dict.pt", buffer.getvalue())
     written.append("state_dict.pt")
-    store.write_bytes(store.run(run_id, "model", "model.pkl"), cloudpickle.dumps(model))
+    run.write_bytes(f"{MODEL}/model.pkl", cloudpickle.dumps(model))
     written.append("model.pkl")
     if example is not None:
         try:
@@ -37,7 +38,7 @@ def export_model(model: Any, example: list[Any] | None, store: Store, run_id: st
         except Exception as e:  # not every model exports; the other two files are enough
             log_to_driver(f"hora: no model.pt2 for this model (torch.export: {type(e).__name__})")
         else:
-            store.write_bytes(store.run(run_id, "model", "model.pt2"), buffer.getvalue())
+            run.write_bytes(f"{MODEL}/model.pt2", buffer.getvalue())
             written.append("model.pt2")
     return written
 

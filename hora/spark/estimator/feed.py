@@ -1,22 +1,21 @@
-"""The data feed without Petastorm: the DataFrame goes to Parquet once, each rank reads its own
-shard with pyarrow, and batches come from a background thread, the same number on every rank.
+"""The data feed: the DataFrame's feature and label columns written once by `hora.data.from_spark`
+(its writer, its fingerprint, its checks), each rank's share streamed by `hora.data`'s loader.
 
-Driver side (`prepare`): one Spark job fingerprints the rows' content (count and an
-order-independent sum of row hashes) and checks that array columns have one length; the same
-content with the same settings is found again under `<store>/data/<fingerprint>/` and not
-written twice. The validation split follows from each row's hash and the seed, so it is the
-same on every fit of the same data.
+Driver side (`prepare`): the columns cast as the model reads them (float32, int64 labels,
+fixed-length arrays), split into training and validation rows (a fraction by each row's hash
+and the seed, so the same on every fit of the same data; or a boolean column), each split handed
+to `from_spark`, which refuses empty data, nulls and arrays of several lengths, and finds the
+same content written before under `<store>/data/` instead of keeping a second copy.
 
-Rank side (`Batches`): the written files are read through `hora.data`'s loader: each epoch's
-order is seeded by the run's seed and the epoch, every row reaches one rank once per epoch,
-every rank runs the same number of steps (a rank never waits alone in a collective), and a
-rank's rows are streamed within the loader's prefetch budget instead of held whole.
+Rank side (`Batches`): each epoch's order is seeded by the run's seed and the epoch, every row
+reaches one rank once per epoch, every rank runs the same number of steps (a rank never waits
+alone in a collective), and a rank's rows are streamed within the loader's prefetch budget
+instead of held whole.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -26,25 +25,29 @@ import numpy as np
 
 import hora.data
 from hora.spark.estimator.columns import ColumnSpec, numeric_column, to_numpy
-from hora.spark.estimator.store import Store
+from hora.storage import Location
 
-_FORMAT = 1  # bump when what is written under data/ changes
-_DONE = "_HORA_DONE.json"
 _SPLIT_BUCKETS = 1_000_000
+_VALIDATION_FLAG = "__hora_is_validation"  # a column of the selection, never written
 
 
 @dataclass(frozen=True)
 class PreparedData:
-    """Where a fit's rows are, how many, and the shapes found in them."""
+    """A fit's rows as `hora.data` Datasets, the columns' names there, and their shapes."""
 
-    key: str
-    train_path: str
-    validation_path: str | None
-    train_rows: int
-    validation_rows: int
+    train: hora.data.Dataset
+    validation: hora.data.Dataset | None
+    names: tuple[str, ...]  # the written column of each spec, features then labels
     features: tuple[ColumnSpec, ...]
     labels: tuple[ColumnSpec, ...]
-    reused: bool
+
+    @property
+    def train_rows(self) -> int:
+        return self.train.rows
+
+    @property
+    def validation_rows(self) -> int:
+        return self.validation.rows if self.validation is not None else 0
 
 
 def sample(
@@ -71,87 +74,58 @@ def sample(
     return shaped, arrays
 
 
+def written_names(specs: Sequence[ColumnSpec]) -> list[str]:
+    """The column each spec is written as: its own name (so that `from_spark`'s refusals name
+    the user's column), with a suffix where one column is read twice (a feature and a label)."""
+    names: list[str] = []
+    for i, spec in enumerate(specs):
+        taken = spec.name in names or spec.name == _VALIDATION_FLAG
+        names.append(f"{spec.name}__{i}" if taken else spec.name)
+    return names
+
+
 def prepare(
     df: Any,
-    store: Store,
+    store: Location,
     specs: list[ColumnSpec],
     n_features: int,
     validation: float | str | None,
     seed: int,
 ) -> PreparedData:
-    """Write the DataFrame's feature and label columns to the store (unless already there).
+    """Write the DataFrame's feature and label columns under the store (unless already there).
 
-    `specs` come from `sample`; every row is checked to hold as many values as they say.
+    `specs` come from `sample`; `from_spark` checks that every row holds as many values as
+    they say (arrays of one length, no nulls) and that there are rows to train on.
     """
     from pyspark.sql import functions as F
 
-    names = [f"c{i}" for i in range(len(specs))]
+    names = written_names(specs)
     columns = [numeric_column(s, n) for s, n in zip(specs, names, strict=True)]
     if isinstance(validation, str):
-        columns.append(F.col(validation).cast("boolean").alias("is_validation"))
+        columns.append(F.col(f"`{validation}`").cast("boolean").alias(_VALIDATION_FLAG))
     data = df.select(*columns)
-    facts = _checked_facts(data, specs, names)
-    key = _fingerprint(facts, specs, validation, seed)
-    done = store.data(key, _DONE)
-    if store.exists(done):
-        info = json.loads(store.read_bytes(done))
-        return _prepared(store, key, info, specs, n_features, reused=True)
-
-    if isinstance(validation, float):
-        bucket = F.pmod(F.xxhash64(*[F.col(c) for c in names], F.lit(seed)), F.lit(_SPLIT_BUCKETS))
-        data = data.withColumn("is_validation", bucket < int(validation * _SPLIT_BUCKETS))
-    store.delete_dir(store.data(key, "train"))
-    store.delete_dir(store.data(key, "validation"))
+    held_out = None
     if validation is None:
-        data.write.mode("overwrite").parquet(store.spark_location("data", key, "train"))
+        train = _written(data, store)
     else:
-        flagged = F.coalesce(F.col("is_validation"), F.lit(False))
-        data.filter(~flagged).drop("is_validation").write.mode("overwrite").parquet(
-            store.spark_location("data", key, "train")
-        )
-        data.filter(flagged).drop("is_validation").write.mode("overwrite").parquet(
-            store.spark_location("data", key, "validation")
-        )
-    info = {
-        "format": _FORMAT,
-        "train_rows": count_rows(store, store.data(key, "train")),
-        "validation_rows": (
-            0 if validation is None else count_rows(store, store.data(key, "validation"))
-        ),
-    }
-    store.write_bytes(done, json.dumps(info).encode())
-    return _prepared(store, key, info, specs, n_features, reused=False)
+        if isinstance(validation, float):
+            row_hash = F.xxhash64(*[F.col(f"`{n}`") for n in names], F.lit(seed))
+            bucket = F.pmod(row_hash, F.lit(_SPLIT_BUCKETS))
+            data = data.withColumn(_VALIDATION_FLAG, bucket < int(validation * _SPLIT_BUCKETS))
+        flagged = F.coalesce(F.col(_VALIDATION_FLAG), F.lit(False))
+        train = _written(data.filter(~flagged).drop(_VALIDATION_FLAG), store)
+        try:
+            held_out = _written(data.filter(flagged).drop(_VALIDATION_FLAG), store)
+        except hora.data.EmptyDataError:
+            held_out = None  # no row fell in the validation split: a fit without validation
+    return PreparedData(
+        train, held_out, tuple(names), tuple(specs[:n_features]), tuple(specs[n_features:])
+    )
 
 
-def _checked_facts(data: Any, specs: list[ColumnSpec], names: list[str]) -> dict[str, Any]:
-    """One pass over the selected columns: the row count, a content hash, and every array
-    column's shortest and longest row, which must both be the length its spec says."""
-    from pyspark.sql import functions as F
-
-    row_hash = F.xxhash64(*[F.col(c) for c in data.columns])
-    stats = [
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.shiftright(row_hash, 32)).alias("high"),
-        F.sum(row_hash.bitwiseAND(0xFFFFFFFF)).alias("low"),
-    ]
-    arrays = [
-        (spec, name) for spec, name in zip(specs, names, strict=True) if spec.kind != "scalar"
-    ]
-    for _, name in arrays:
-        sizes = F.coalesce(F.size(name), F.lit(-1))
-        stats += [F.min(sizes).alias(f"{name}_min"), F.max(sizes).alias(f"{name}_max")]
-    facts: dict[str, Any] = data.agg(*stats).collect()[0].asDict()
-    if not facts["rows"]:
-        raise ValueError("the DataFrame is empty: there is nothing to train on")
-    for spec, name in arrays:
-        low, high, wanted = facts[f"{name}_min"], facts[f"{name}_max"], math.prod(spec.shape)
-        if not low == high == wanted:
-            raise ValueError(
-                f"column {spec.name!r} holds arrays of {low} to {high} values (or nulls, "
-                f"counted as -1), not {wanted} in every row; a batch needs one length: pad, "
-                "truncate or filter them"
-            )
-    return facts
+def _written(frame: Any, store: Location) -> hora.data.Dataset:
+    """One split through `from_spark`, under the estimator's store."""
+    return hora.data.from_spark(frame, store=store.uri)
 
 
 def _shapes(
@@ -186,53 +160,6 @@ def _shapes(
     return shaped
 
 
-def _fingerprint(facts: dict[str, Any], specs: list[ColumnSpec], validation: Any, seed: int) -> str:
-    described = {
-        "format": _FORMAT,
-        "rows": facts["rows"],
-        "hash": [facts["high"], facts["low"]],
-        "columns": [[s.kind, s.integral, list(s.shape)] for s in specs],
-        "validation": validation,
-        "seed": seed if isinstance(validation, float) else None,
-    }
-    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def _prepared(
-    store: Store, key: str, info: dict[str, Any], specs: list[ColumnSpec], n: int, reused: bool
-) -> PreparedData:
-    validation_rows = int(info["validation_rows"])
-    return PreparedData(
-        key=key,
-        train_path=store.data(key, "train"),
-        validation_path=store.data(key, "validation") if validation_rows else None,
-        train_rows=int(info["train_rows"]),
-        validation_rows=validation_rows,
-        features=tuple(specs[:n]),
-        labels=tuple(specs[n:]),
-        reused=reused,
-    )
-
-
-def _parquet_files(filesystem: Any, path: str) -> list[str]:
-    from pyarrow import fs
-
-    infos = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
-    names = [i.path for i in infos if i.type == fs.FileType.File and i.path.endswith(".parquet")]
-    return sorted(names)
-
-
-def count_rows(store: Store, path: str) -> int:
-    import pyarrow.parquet as pq
-
-    filesystem = store.filesystem()
-    total = 0
-    for name in _parquet_files(filesystem, path):
-        with filesystem.open_input_file(name) as f:
-            total += pq.ParquetFile(f).metadata.num_rows
-    return total
-
-
 def epoch_seed(seed: int, epoch: int, rank: int) -> int:
     return (
         int.from_bytes(hashlib.sha256(f"{seed}/{epoch}/{rank}".encode()).digest()[:8], "little")
@@ -241,8 +168,8 @@ def epoch_seed(seed: int, epoch: int, rank: int) -> int:
 
 
 class Batches:
-    """A rank's share of the Parquet at `location`, streamed by a `hora.data` loader in batches:
-    a list of tensors (one per column, shaped as its spec says) on `device`.
+    """A rank's share of a `hora.data` Dataset, streamed by its loader in batches: a list of
+    tensors (one per column of `names`, shaped as its spec says) on `device`.
 
     `epoch(e)` is epoch e's order (seeded by the run's seed and e; the file order without
     shuffle): every row once per epoch, the same number of batches on every rank. `all()` is
@@ -252,7 +179,8 @@ class Batches:
 
     def __init__(
         self,
-        location: str,
+        dataset: hora.data.Dataset,
+        names: Sequence[str],
         specs: Sequence[ColumnSpec],
         batch_size: int,
         device: Any,
@@ -262,8 +190,7 @@ class Batches:
         shuffle: bool = False,
         seed: int = 0,
     ) -> None:
-        dataset = hora.data.from_parquet(location)
-        self._names = [f"c{i}" for i in range(len(specs))]
+        self._names = list(names)
         self._shapes = {n: tuple(s.shape) for n, s in zip(self._names, specs, strict=True)}
         self._device = device
         # the transform is a reshape: nothing for worker processes to take off this thread

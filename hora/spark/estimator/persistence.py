@@ -30,7 +30,9 @@ from pyspark.ml.param import Params
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
 from hora.engines.spark import ClassicSession, ConnectSession, active_session
-from hora.spark.estimator.store import Store
+from hora.storage import Location
+
+OBJECTS_FILE = "objects.pkl"  # the params that are Python objects (model, optimizer, ...)
 
 
 def object_params(instance: Params, names: tuple[str, ...]) -> dict[str, Any]:
@@ -45,17 +47,17 @@ class HoraWriter(MLWriter):
         self._objects: tuple[str, ...] = instance.stage_objects
 
     def save(self, path: str) -> None:
-        store = Store.parse(path)
-        if store.exists(store.root):
+        folder = Location.parse(path, "path")
+        if folder.exists():
             if not self.shouldOverwrite:
                 raise FileExistsError(
                     f"{path!r} already exists; use .write().overwrite().save(path) to replace it"
                 )
-            store.delete_dir(store.root)
+            folder.remove_tree()
         self.saveImpl(path)
 
     def saveImpl(self, path: str) -> None:
-        store = Store.parse(path)
+        folder = Location.parse(path, "path")
         instance = self._instance
         values = {
             p.name: instance.getOrDefault(p) for p in instance.params if instance.isDefined(p)
@@ -63,7 +65,7 @@ class HoraWriter(MLWriter):
         plain = {k: v for k, v in values.items() if k not in self._objects}
         DefaultParamsWriter.saveMetadata(instance, path, _metadata_session(), paramMap=plain)
         objects = object_params(instance, self._objects)
-        store.write_bytes(store.path("objects.pkl"), cloudpickle.dumps(objects))
+        folder.write_bytes(OBJECTS_FILE, cloudpickle.dumps(objects))
 
 
 class HoraReader(MLReader):
@@ -72,15 +74,15 @@ class HoraReader(MLReader):
         self._cls = cls
 
     def load(self, path: str) -> Any:
-        store = Store.parse(path)
-        if not store.exists(store.path("objects.pkl")):
+        folder = Location.parse(path, "path")
+        if not folder.exists(OBJECTS_FILE):
             raise FileNotFoundError(f"{path!r} holds no saved hora estimator or model")
         metadata = DefaultParamsReader.loadMetadata(path, _metadata_session())
         module, _, name = metadata["class"].rpartition(".")
         cls = getattr(importlib.import_module(module), name)
         if not issubclass(cls, self._cls):
             raise TypeError(f"{path!r} holds a {name}, not a {self._cls.__name__}")
-        objects = cloudpickle.loads(store.read_bytes(store.path("objects.pkl")))
+        objects = cloudpickle.loads(folder.read_bytes(OBJECTS_FILE))
         instance = cls()
         instance._resetUid(metadata["uid"])
         instance._set(**metadata["paramMap"], **objects)

@@ -15,7 +15,8 @@ from hora.spark.estimator import feed
 from hora.spark.estimator.columns import ColumnSpec
 from hora.spark.estimator.events import EpochEvents
 from hora.spark.estimator.export import export_model
-from hora.spark.estimator.store import Store
+from hora.spark.estimator.store import CHECKPOINTS, run_folder
+from hora.storage import Location
 from hora.wire.link import log_to_driver, report
 
 CHECKPOINTS_KEPT = 2
@@ -33,7 +34,7 @@ class TrainJob:
     metrics: list[Callable[..., Any]]
     callbacks: list[Any]
     data: feed.PreparedData
-    store: Store
+    store: Location
     run_id: str
     epochs: int
     batch_size: int
@@ -138,7 +139,8 @@ def train_on_rank(job: TrainJob) -> None:
     device = _device(hvd)
     model = job.model.to(device)
     optimizer = hvd.DistributedOptimizer(job.optimizer, named_parameters=model.named_parameters())
-    checkpoints = Checkpoint(job.store.run_location(job.run_id, "checkpoints"), CHECKPOINTS_KEPT)
+    run = run_folder(job.store, job.run_id)
+    checkpoints = Checkpoint(run.location(CHECKPOINTS), CHECKPOINTS_KEPT)
     found = checkpoints.load_and_broadcast()
     history: list[dict[str, float]] = []
     start = 0
@@ -153,10 +155,10 @@ def train_on_rank(job: TrainJob) -> None:
     n_in = len(data.features)
     train = _shard(job, "train", device, rank, size, shuffle=job.shuffle)
     validation = None
-    if data.validation_path is not None:
+    if data.validation is not None:
         validation = _shard(job, "validation", device, rank, size, shuffle=False)
     names = metric_names(job.metrics)
-    events = EpochEvents(job.store, job.run_id) if rank == 0 else None
+    events = EpochEvents(run) if rank == 0 else None
     _call(job.callbacks, "on_train_begin")
     for epoch in range(start, job.epochs):
         began = time.perf_counter()
@@ -190,7 +192,7 @@ def train_on_rank(job: TrainJob) -> None:
         events.close()
     if rank == 0 and start < job.epochs:
         example = next(iter(train.all()))[:n_in] if len(train) else None
-        export_model(model, example, job.store, job.run_id)
+        export_model(model, example, run)
     hvd.shutdown()
 
 
@@ -226,9 +228,18 @@ def _shard(
 ) -> feed.Batches:
     """This rank's share of the data written for `split`, in batches."""
     specs: list[ColumnSpec] = [*job.data.features, *job.data.labels]
-    location = job.store.location("data", job.data.key, split)
+    dataset = job.data.train if split == "train" else job.data.validation
+    assert dataset is not None
     return feed.Batches(
-        location, specs, job.batch_size, device, rank, size, shuffle=shuffle, seed=job.seed
+        dataset,
+        job.data.names,
+        specs,
+        job.batch_size,
+        device,
+        rank,
+        size,
+        shuffle=shuffle,
+        seed=job.seed,
     )
 
 

@@ -15,10 +15,10 @@ the model and optimizer anew in the new world, and every rank of it loads the la
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
-import shutil
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -28,6 +28,7 @@ from hora import environment
 from hora.collectives import rank, size
 from hora.collectives.elastic import ObjectState
 from hora.collectives.elastic import State as State
+from hora.storage import Location
 from hora.torch.elastic.sampler import ElasticSampler
 from hora.torch.functions import (
     allgather_object,
@@ -111,7 +112,7 @@ class _ShardedHandler(_Handler):
         self,
         model: torch.nn.Module,
         optimizers: dict[str, torch.optim.Optimizer],
-        directory: str,
+        directory: Location,
     ) -> None:
         self.optimizers = optimizers  # by the state's names
         self.directory = directory
@@ -125,12 +126,12 @@ class _ShardedHandler(_Handler):
     def commit_to(self, index: int) -> None:
         import torch.distributed.checkpoint as dcp  # only for sharded models
 
-        path = os.path.join(self.directory, f"commit-{index}")
+        path = self.directory.location(f"commit-{index}")
         dcp.save(self._state_dict(), checkpoint_id=path)
         self._path = self._loaded = path
         if rank() == 0:
-            old = os.path.join(self.directory, f"commit-{index - KEEP_SHARDED_COMMITS}")
-            shutil.rmtree(old, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.directory.remove_tree(f"commit-{index - KEEP_SHARDED_COMMITS}")
 
     def restore(self) -> None:
         if self._path is None:
@@ -180,7 +181,7 @@ def _is_sharded(module: torch.nn.Module) -> bool:
 
 
 def _handlers(
-    values: dict[str, Any], checkpoint_dir: str | None
+    values: dict[str, Any], checkpoint_dir: Location | None
 ) -> tuple[dict[str, _Handler], dict[str, Any]]:
     """A handler for each model, optimizer and sampler in `values`; the rest are plain."""
     sharded = {n: v for n, v in values.items() if isinstance(v, torch.nn.Module) and _is_sharded(v)}
@@ -213,7 +214,8 @@ def _handlers(
         else:
             plain[name] = value
     for name, model in sharded.items():
-        handlers[name] = _ShardedHandler(model, with_model[name], str(checkpoint_dir))
+        assert checkpoint_dir is not None
+        handlers[name] = _ShardedHandler(model, with_model[name], checkpoint_dir)
     return handlers, plain
 
 
@@ -251,7 +253,11 @@ class TorchState(ObjectState):
         **kwargs: Any,
     ) -> None:
         kwargs.update(model=model, optimizer=optimizer)
-        directory = os.fspath(checkpoint_dir) if checkpoint_dir is not None else None
+        directory = (
+            Location.parse(checkpoint_dir, "TorchState checkpoint_dir")
+            if checkpoint_dir is not None
+            else None
+        )
         handlers, plain = _handlers(kwargs, directory)
         object.__setattr__(self, "_handlers", handlers)
         object.__setattr__(self, "_reshard", reshard)

@@ -157,11 +157,11 @@ def test_array_features_validation_column_callbacks_and_vector_output(spark, tmp
     out = model.setOutputCols(["scores"]).transform(df)
     assert dict(out.dtypes)["scores"] == "vector"
     assert out.count() == 600
-    # the data written for this fit is found again by a second fit of the same content
-    data_dirs = os.listdir(tmp_path / "store" / "data")
-    assert len(data_dirs) == 1
-    info = json.loads((tmp_path / "store" / "data" / data_dirs[0] / "_HORA_DONE.json").read_text())
-    assert info["validation_rows"] == 120 and info["train_rows"] == 480
+    # each split written by hora.data.from_spark: a folder and the marker that finds it again
+    data = tmp_path / "store" / "data"
+    markers = [json.loads(path.read_text()) for path in data.glob("*.json")]
+    assert sorted(m["rows"] for m in markers) == [120, 480]
+    assert sorted(p.name for p in data.iterdir() if p.is_dir()) == sorted(m["dir"] for m in markers)
 
 
 def test_true_resume_is_bitwise_equal_to_an_uninterrupted_run(spark, tmp_path, capfd):
@@ -197,6 +197,8 @@ def test_true_resume_is_bitwise_equal_to_an_uninterrupted_run(spark, tmp_path, c
     out, _ = capfd.readouterr()
     assert "already trained 4 epochs" in out and "[0@" not in out
     assert again.getHistory() == whole.getHistory()
+    # three fits of the same rows wrote each split once: the later ones found it again
+    assert len([p for p in (tmp_path / "store" / "data").iterdir() if p.is_dir()]) == 2
 
 
 def test_bad_inputs_fail_on_the_driver_before_any_rank_starts(spark, tmp_path, capfd):
@@ -220,6 +222,14 @@ def test_bad_inputs_fail_on_the_driver_before_any_rank_starts(spark, tmp_path, c
 
     with pytest.raises(ValueError, match="the DataFrame is empty"):
         _data.estimator(store).fit(df.limit(0))
+    # refused by hora.data.from_spark as it writes, naming the user's column
+    from pyspark.sql import functions as F
+
+    ragged = df.withColumn(
+        "features", F.when(df.label == 9, F.slice("features", 1, 63)).otherwise(df.features)
+    )
+    with pytest.raises(ValueError, match="column 'features' holds arrays of 63 to 64 values"):
+        _data.estimator(store).fit(ragged)
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
