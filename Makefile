@@ -2,15 +2,24 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q
 STAMP := $(VENV)/.installed
 # The venv's tools first (its ninja above all): torch's extension builds keep a ninja log that
 # another ninja version does not read, so a driver and ranks that find different ninjas rebuild
 # DeepSpeed's ops for each other (the multi-host tests' hosts put the venv first too).
-WITH_VENV_TOOLS := PATH="$(abspath $(VENV))/bin:$$PATH"
+WITH_VENV_TOOLS := env PATH="$(abspath $(VENV))/bin:$$PATH"
+# Each set-up and demo step says how long it took (`== step NAME: N s`), and a target, when done,
+# how long make has run (`== TARGET done: N s in all`).
+START := $(shell date +%s)
+STEP := @.ci/step
+TOTAL = @.ci/step --total "$@" $(START)
 
-.PHONY: setup nftables demo test lint bench clean
+.PHONY: setup deepspeed-ops nftables demo test lint bench clean
 
+# Installs, and builds nothing: DeepSpeed's ops come with `make test` and `make bench`, and the one
+# op the demo needs just before the demo that needs it (see deepspeed-ops below).
 setup: $(STAMP) nftables
+	$(TOTAL)
 
 # nftables' `nft`: the multi-host tests (tests/cluster, root only) make a host's link lossy, or
 # drop everything on it for a while, with nft rules (kernels without netem have no other way).
@@ -22,34 +31,44 @@ nftables:
 		{ apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
 
-# torch==2.13.0 goes in first and alone: anything that pulls a plain `torch` later is then satisfied
-# and pip does not download a multi-GB CUDA build. DeepSpeed is an sdist whose setup imports torch
-# (--no-build-isolation: it builds against this torch, no op compiled at install); the op its CPU
-# accelerator loads in every init_distributed and its default optimizers' CPU ops (Adam/AdamW:
-# fused_adam, cpu_adam under ZeRO-Offload) are built here, into torch's extension cache, where
-# DeepSpeed itself finds them; an op missing there is built once per host in the job.
-# Mosaic Streaming (the data tests' and bench/data.py's comparison) goes in with --no-deps and
-# the `mosaic` extra's modules: its own requirements would replace torch with a CUDA build.
+# torch==2.13.0 goes in first and alone (with a current pip and setuptools): anything that pulls a
+# plain `torch` later is then satisfied and pip does not download a multi-GB CUDA build. The rest
+# is one resolver run. DeepSpeed is an sdist whose setup imports torch: --no-build-isolation (it
+# builds against this torch; hora and any other sdist build with the venv's setuptools, hence its
+# upgrade first) and DS_BUILD_OPS=0 (no op compiled at install). Mosaic Streaming (the data tests'
+# and bench/data.py's comparison) goes in with --no-deps after the `mosaic` extra's modules: its
+# own requirements would replace torch with a CUDA build.
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
-	DS_BUILD_OPS=0 $(PY) -m pip install -q --no-build-isolation -e '.[deepspeed]'
-	$(WITH_VENV_TOOLS) $(PY) -m hora._deepspeed_ops
-	$(PY) -m pip install -q -e '.[estimator]'
-	$(PY) -m pip install -q -e '.[clients]'
-	$(PY) -m pip install -q -e '.[mosaic]'
-	$(PY) -m pip install -q --no-deps 'mosaicml-streaming==0.13.0'
+	$(STEP) venv $(PYTHON) -m venv $(VENV)
+	$(STEP) pip+setuptools $(PIP) --upgrade pip setuptools
+	$(STEP) torch $(PIP) torch==2.13.0
+	$(STEP) hora+extras env DS_BUILD_OPS=0 $(PIP) --no-build-isolation \
+		-e '.[dev,deepspeed,estimator,clients,mosaic]'
+	$(STEP) mosaicml-streaming $(PIP) --no-deps 'mosaicml-streaming==0.13.0'
 	touch $(STAMP)
 
-demo: setup
-	$(PY) examples/digits.py
-	$(PY) examples/keras_digits.py
-	$(PY) examples/sharded_demo.py
-	$(PY) examples/estimator_digits.py
+# DeepSpeed compiles its C++ ops on first use, into torch's extension cache (about a minute each
+# on 2 free cores): the op its CPU accelerator loads in every init_distributed, and its default
+# optimizers' CPU ops (Adam/AdamW: fused_adam, cpu_adam under ZeRO-Offload). Built here, where
+# DeepSpeed itself finds them, so that no test builds one under its timeout; with the venv's ninja,
+# as the tests' ranks run. Built already, they are only loaded (seconds). An op missing there is
+# built once per host in the job (hora/_deepspeed_ops.py).
+deepspeed-ops: setup
+	$(STEP) deepspeed-ops $(WITH_VENV_TOOLS) $(PY) -m hora._deepspeed_ops
+	$(TOTAL)
 
-test: setup
+# The demos run with the venv's tools (WITH_VENV_TOOLS above). The sharded demo's DeepSpeed needs
+# one op, the shared-memory collectives its CPU init_distributed loads (its Adam is torch's): built
+# just before it (half a minute on 2 free cores; seconds when built), so its ranks only load it.
+demo: setup
+	$(STEP) digits $(WITH_VENV_TOOLS) $(PY) examples/digits.py
+	$(STEP) keras_digits $(WITH_VENV_TOOLS) $(PY) examples/keras_digits.py
+	$(STEP) deepspeed_shm_comm-op $(WITH_VENV_TOOLS) $(PY) -m hora._deepspeed_ops ShareMemCommBuilder
+	$(STEP) sharded_demo $(WITH_VENV_TOOLS) $(PY) examples/sharded_demo.py
+	$(STEP) estimator_digits $(WITH_VENV_TOOLS) $(PY) examples/estimator_digits.py
+	$(TOTAL)
+
+test: setup deepspeed-ops
 	$(VENV)/bin/ruff check hora tests bench examples
 	$(PY) .ci/mypy_baseline.py
 	$(WITH_VENV_TOOLS) $(PY) -m pytest -q
@@ -58,7 +77,7 @@ lint: setup
 	$(VENV)/bin/ruff check hora tests bench examples
 	$(VENV)/bin/ruff format --check hora tests bench examples
 
-bench: setup
+bench: setup deepspeed-ops
 	$(PY) bench/launch.py
 
 clean:

@@ -35,8 +35,9 @@ from hora.wire.link import log_to_driver
 
 BUILDER_MODULE = "deepspeed.ops.op_builder.builder"
 ALLOW_VAR = "HORA_DEEPSPEED_JIT"
-#: What `make setup` builds: the shared-memory collectives DeepSpeed's CPU accelerator loads in
-#: every `deepspeed.init_distributed()`, and the CPU ops of its default optimizers (Adam/AdamW:
+#: What `make deepspeed-ops` builds (`make test` and `make bench` run it; `make demo`, the first):
+#: the shared-memory collectives DeepSpeed's CPU accelerator loads in every
+#: `deepspeed.init_distributed()`, and the CPU ops of its default optimizers (Adam/AdamW:
 #: `fused_adam`; with ZeRO-Offload: `cpu_adam`).
 DEFAULT_BUILDS = ("ShareMemCommBuilder", "FusedAdamBuilder", "CPUAdamBuilder")
 LOCK_FILE = "hora-build.lock"

@@ -15,6 +15,8 @@ After Ray Train's `tests/test_circular_imports.py`, and more. Two readings of ho
 - **Engines named only in `hora/engines/`**: outside it, no module imports an engine package's
   inner modules (only its face, its `__init__`, and only from the doors `ENGINE_DOORS` lists),
   and no code spells an engine's name ("spark"): the registry and the faces say it.
+- **The launcher's contract, declared**: outside `hora/engines/`, no `getattr`/`hasattr` reads a
+  name that `hora.engines.base.Launcher` declares (every launcher has it, with its default).
 
 `python tests/test_layout.py` prints every finding without pytest.
 """
@@ -50,7 +52,7 @@ FLOORS: dict[int, tuple[str, ...]] = {
     7: ("hora.job", "hora.rank"),
     6: ("hora.config", "hora._script", "hora.keras"),  # the one RunConfig; a script as a job
     5: ("hora.torch", "hora.tensorflow"),  # Horovod's framework APIs
-    4: ("hora.collectives", "hora.engines"),  # the collective engine; the engines that run ranks
+    4: ("hora.collectives", "hora.engines"),  # the collectives; the engines that run ranks
     3: ("hora.timeline", "hora.checkpoint", "hora.data"),  # the trace; checkpoints; data
     2: (
         "hora.environment",
@@ -59,7 +61,7 @@ FLOORS: dict[int, tuple[str, ...]] = {
         "hora._output_files",
         "hora._deepspeed_ops",
         "hora.reporters",
-        "hora.storage",  # where files live: one parser of places, one pyarrow wrapper
+        "hora.storage",  # where files live: one face (Location), one atomic writer
     ),
     1: (
         "hora.wire",  # how processes talk: imports nothing of hora but hora.errors
@@ -74,7 +76,7 @@ FLOOR_OF_ROOM = {room: floor for floor, rooms in FLOORS.items() for room in room
 #: there). Every other module of the package (its faces, `_basics`) is its front, above them all.
 COLLECTIVES_ROOMS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("control", ("hora.collectives._control",), "the loop, negotiation, submissions"),
-    ("data", ("hora.collectives._data",), "transports, shared memory, fusion, algorithms"),
+    ("data", ("hora.collectives._data",), "transports, shared memory, fusion, the ops and specs"),
     ("words", ("hora.collectives._common", "hora.collectives._messages"), "ops, errors, messages"),
 )
 COLLECTIVES_LEVEL = {"front": len(COLLECTIVES_ROOMS)} | {
@@ -572,22 +574,56 @@ def engine_names_spelled_outside() -> list[str]:
     return found
 
 
+LAUNCHER = ("hora.engines.base", "Launcher")  # the engine author's contract: (module, class)
+
+
+@cache
+def launcher_contract() -> frozenset[str]:
+    """Every attribute and method `hora.engines.base.Launcher` declares, with its default."""
+    module, name = LAUNCHER
+    tree = ast.parse(modules()[module].read_text())
+    launcher = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    declared: set[str] = set()
+    for node in launcher.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            declared.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            declared.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not is_private(node.name):
+            declared.add(node.name)
+    return frozenset(declared)
+
+
 def launcher_attributes_read_by_getattr() -> list[str]:
-    """A launcher's attributes are declared on `engines.base.Launcher` (the engine author's
-    contract): nothing reads one with `getattr(launcher, ...)` as if it might be missing."""
+    """A launcher's attributes are declared on `hora.engines.base.Launcher` (the engine author's
+    contract), each with its default: outside hora/engines/, nothing reads one with
+    `getattr(x, "name", default)` or `hasattr(x, "name")` as if it might be missing."""
+    contract = launcher_contract()
     found = []
     for name, path in modules().items():
+        if room_of(name) == ENGINES:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr"):
+            reader = getattr(getattr(node, "func", None), "id", None)
+            if not (isinstance(node, ast.Call) and reader in ("getattr", "hasattr")):
                 continue
-            target = node.args[0] if node.args else None
-            named = getattr(target, "id", None) or getattr(target, "attr", None)
-            if isinstance(named, str) and "launcher" in named.lower():
-                found.append(
-                    f"{path.relative_to(REPO)}:{node.lineno}: {name} reads a launcher's attribute "
-                    "with getattr: declare it on hora.engines.base.Launcher, with its default"
-                )
+            named = node.args[1] if len(node.args) >= 2 else None
+            if not (isinstance(named, ast.Constant) and named.value in contract):
+                continue
+            found.append(
+                f"{path.relative_to(REPO)}:{node.lineno}: {name} reads {named.value!r} with "
+                f"{reader}, but every launcher has it (hora.engines.base.Launcher declares it, "
+                "with its default): read it as a plain attribute, and type what you read it on "
+                "(a WorkerGroup, a Protocol)."
+            )
     return found
+
+
+def test_the_launcher_contract_is_read_from_its_class() -> None:
+    """The rule above is only as good as the list it reads: the contract's known members."""
+    assert {"start", "stop", "add", "spare", "grows_in_place", "ranks_elsewhere"} <= (
+        launcher_contract()
+    )
 
 
 RULES = {

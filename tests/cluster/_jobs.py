@@ -241,7 +241,7 @@ def deepspeed_losses(
 ) -> dict[str, Any]:
     """tests/deepspeed's training function (a tiny MLP on digits under deepspeed.initialize),
     saving where it ran. `ninja_folder` first on the PATH: the ninja the driver's DeepSpeed
-    uses. The ops that `make setup` built in the shared extension cache are loaded through
+    uses. The ops that `make deepspeed-ops` built in the shared extension cache are loaded through
     ninja, whose build log a ninja of another version does not read: the executors' PATH (the
     virtualenv's ninja first) would rebuild them, and the driver's next load rebuild them back
     (a minute each on 2 cores)."""

@@ -1,7 +1,7 @@
 """from_spark without a copy, on a real local[2] Spark: a plain scan of Parquet files is read in
 place (no job, nothing under the store), with the rows the written path gives; columns selected
 and renamed map to the files' own; anything else is written, and says why; files the driver
-cannot find are refused. (A Connect session's plain scan: tests/connect/test_data.py.)"""
+cannot find are refused. (A Connect session's plain scan: tests/spark/connect/test_data.py.)"""
 
 from __future__ import annotations
 

@@ -63,8 +63,9 @@ def fused_adam_cache(tmp_path_factory: pytest.TempPathFactory) -> BuiltCache:
 
 
 def _seed_shared_memory_op(folder: Path) -> None:
-    """Copy the built `deepspeed_shm_comm` op (every CPU init_distributed loads it; `make setup`
-    builds it) into the cold cache, so that `fused_adam` is the session's only compile."""
+    """Copy the built `deepspeed_shm_comm` op (every CPU init_distributed loads it; `make
+    deepspeed-ops` builds it) into the cold cache, so that `fused_adam` is the session's only
+    compile."""
     from hora import _deepspeed_ops
 
     name = "deepspeed_shm_comm"

@@ -56,7 +56,7 @@ def test_a_second_run_loads_the_op_without_building(
     assert fused_adam_cache.built_op.stat().st_mtime_ns == built_at
     _trained(_seen(tmp_path), stage=2)
 
-    # `make setup`'s command, on a built op: it loads it, under the same lock, and says where
+    # `make deepspeed-ops`' command, on a built op: it loads it, under the same lock, and says where
     done = subprocess.run(
         [sys.executable, "-m", "hora._deepspeed_ops", "FusedAdamBuilder"],
         capture_output=True,

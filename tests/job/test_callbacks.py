@@ -1,6 +1,6 @@
 """An attempt's explicit states and the callbacks its monitor tells, read apart from processes:
 the monitor driven by a fake worker group replaying typed messages, as a launcher and its
-workers would send them (tests/job/test_restart_policy.py's fakes)."""
+workers would send them (tests/job/_fakes.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hora.job.metrics import MetricsLog
 from hora.job.monitor import Limits, Monitor
 from hora.timeline import DriverTimeline
 from hora.wire.protocol import Error, Exited, Metrics, Output, Result
-from tests.job.test_restart_policy import FakeGroup, hellos, succeeds
+from tests.job._fakes import FakeGroup, hellos, succeeds
 
 LIMITS = Limits(start_timeout=10.0, timeout=None, deadline=None)
 

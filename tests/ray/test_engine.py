@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 import hora
 from tests import _driver_death, _workers
@@ -107,16 +106,11 @@ def test_an_elastic_run_re_forms_in_place_around_a_killed_actor_and_grows_back(
         wait_for_return=True,
     )
     results = hora.run(_elastic.train, (plan,), np=3, min_np=2, backend="ray", timeout=240)
-    steps, worlds, starts = _elastic.kept_steps(str(tmp_path))
+    _, _, starts = _elastic.kept_steps(str(tmp_path))
     # one attempt: its first world, shrunk in place, grown back in place
     _elastic.check_in_place(str(tmp_path), results, small=2)
+    _, worlds = _elastic.check_trained_once(plan, results, atol=1e-10)
     assert worlds == [3, 2, 3], worlds
-    epochs = _elastic.samples_per_epoch(steps)
-    assert epochs == {e: list(range(plan.samples)) for e in range(plan.epochs)}
-    want = _elastic.reference(plan, steps)
-    for r in results:
-        for key, value in want.items():
-            torch.testing.assert_close(r["weights"][key], value, rtol=0, atol=1e-10)
     _, err = capfd.readouterr()
     assert "hora: restarting" not in err and "attempt 1 of" not in err, err
     assert re.search(

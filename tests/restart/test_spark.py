@@ -12,7 +12,13 @@ import torch
 
 import hora
 from tests.restart import _cases
-from tests.spark.conftest import start_spark, stop_spark, tagged_processes, worker_processes
+from tests.spark.conftest import (
+    end_spark_jvm,
+    start_spark,
+    stop_spark,
+    tagged_processes,
+    worker_processes,
+)
 
 pytestmark = pytest.mark.spark
 
@@ -24,6 +30,7 @@ def spark():
     session = start_spark("local-cluster[2,1,1024]")
     yield session
     stop_spark(session)
+    end_spark_jvm()  # tests/spark's own modules leave it to their package's fixture
 
 
 def executor_pids() -> set[int]:

@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from tests.connect.conftest import require_spark_connect
+from tests.spark.connect.conftest import require_spark_connect
 
 require_spark_connect()
 pytestmark = pytest.mark.spark

@@ -1,6 +1,6 @@
-"""A Spark Connect client for tests/connect, run in its own process:
+"""A Spark Connect client for tests/spark/connect, run in its own process:
 
-    python -m tests.connect._client URL CHECK [CHECK ...]
+    python -m tests.spark.connect._client URL CHECK [CHECK ...]
 
 URL is `local[N]` (pyspark starts the Connect server inside this process, with a classic
 SparkContext next to the client: why this runs apart from pytest's process and its classic
@@ -46,8 +46,8 @@ from hora.spark import (  # noqa: E402
     TorchDistributor,
 )
 from tests import _workers  # noqa: E402
-from tests.connect import _jobs  # noqa: E402
 from tests.spark import _jobs as _spark_jobs  # noqa: E402
+from tests.spark.connect import _jobs  # noqa: E402
 
 CHECKS: dict[str, Callable[[], Any]] = {}
 

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from tests.connect.conftest import SCRIPT, client_env, require_spark_connect
+from tests.spark.connect.conftest import SCRIPT, client_env, require_spark_connect
 
 require_spark_connect()
 pytestmark = pytest.mark.spark

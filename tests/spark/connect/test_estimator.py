@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.connect.conftest import require_spark_connect, run_client
+from tests.spark.connect.conftest import require_spark_connect, run_client
 
 require_spark_connect()
 pytest.importorskip("torcheval", reason="pyspark.ml.connect's evaluators need torcheval")
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.spark
 def client(url):
     fit_on = "spark" if url.startswith("local") else "pandas"
     checks = [f"ml_connect_pipeline_on_{fit_on}", "large_model_as_artifact"]
-    return run_client(url, checks, module="tests.connect._ml_client")
+    return run_client(url, checks, module="tests.spark.connect._ml_client")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import make_bare_python
-from tests.connect.conftest import client_env, require_spark_connect, run_client
+from tests.spark.connect.conftest import client_env, require_spark_connect, run_client
 
 require_spark_connect()
 pytestmark = pytest.mark.spark

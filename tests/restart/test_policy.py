@@ -8,7 +8,6 @@ groups it started and stopped, which attempt number each group's workers were to
 from __future__ import annotations
 
 import json
-import queue
 
 import cloudpickle
 import pytest
@@ -18,74 +17,8 @@ from hora.engines.base import AttemptSpec
 from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.job.driver import Job
 from hora.job.policy import FailurePolicy
-from hora.wire.protocol import Error, Exited, Hello, Payload, Result, TimelineBatch
-
-
-class FakeConnection:
-    def __init__(self) -> None:
-        self.peer = None
-        self.sent: list[object] = []
-
-    def send(self, message: object) -> None:
-        self.sent.append(message)
-
-    def close(self) -> None:
-        pass
-
-
-class FakeGroup:
-    """Replays `script` (messages without a connection are the launcher's) when started."""
-
-    multi_host = False
-
-    def __init__(self, script: list[object], env: dict[str, str]) -> None:
-        self.events: queue.Queue = queue.Queue()
-        self.script = script
-        self.env = env
-        self.started = self.stopped = False
-
-    def start(self) -> None:
-        self.started = True
-        for message in self.script:
-            conn = FakeConnection() if isinstance(message, Hello) else None
-            self.events.put((conn, message))
-
-    def stop(self) -> None:
-        self.stopped = True
-
-
-def hellos(np: int = 2) -> list[object]:
-    return [Hello(rank, 1000 + rank, "fakehost") for rank in range(np)]
-
-
-def succeeds(np: int = 2) -> list[object]:
-    done: list[object] = [Result(r, cloudpickle.dumps(f"value {r}")) for r in range(np)]
-    return hellos(np) + done + [Exited(r, 0) for r in range(np)]
-
-
-def sigkilled(rank: int) -> list[object]:
-    return [*hellos(), Exited(rank, -9)]
-
-
-def raises(rank: int, text: str) -> list[object]:
-    return [*hellos(), Error(rank, f"ValueError: {text}", f"Traceback...\nValueError: {text}", 0.0)]
-
-
-def run_scripted(
-    scripts: list[list[object]], groups: list[FakeGroup] | None = None, **config
-) -> tuple[list[object], list[FakeGroup]]:
-    groups = [] if groups is None else groups
-
-    def new_group(spec: AttemptSpec) -> FakeGroup:
-        group = FakeGroup(scripts[spec.attempt], dict(spec.env))
-        groups.append(group)
-        return group
-
-    job = Job(RunConfig(np=2, collect_all=True, **config), b"job", new_group)
-    try:
-        return job.run(), groups
-    finally:
-        assert all(g.stopped for g in groups), "every started group is stopped"
+from hora.wire.protocol import Hello, Payload, TimelineBatch
+from tests.job._fakes import FakeConnection, FakeGroup, raises, run_scripted, sigkilled, succeeds
 
 
 def test_policy_restarts_worker_failures_within_the_budget_and_never_timeouts():

@@ -34,7 +34,7 @@ def require_spark_connect() -> None:
         pytest.skip("Java is not installed: Spark cannot start", allow_module_level=True)
 
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "script.py"
 CLIENT_TIMEOUT = 900
@@ -77,7 +77,7 @@ def run_client(
     url: str,
     checks: list[str],
     env: dict[str, str] | None = None,
-    module: str = "tests.connect._client",
+    module: str = "tests.spark.connect._client",
 ) -> ClientRun:
     """`python -m MODULE URL CHECKS...` in the repository; its results."""
     started = time.monotonic()
@@ -120,7 +120,7 @@ def url(request, tmp_path_factory):
     if request.param == "remote-local":
         yield "local[2]"
         return
-    from tests.connect._server import ConnectServer
+    from tests.spark.connect._server import ConnectServer
 
     log = tmp_path_factory.mktemp("connect-server") / "server.log"
     server = ConnectServer.start("local-cluster[2,1,1024]", sys.executable, log, client_env())

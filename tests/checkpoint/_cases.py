@@ -1,4 +1,4 @@
-"""What each rank of the 2-rank checkpoint job does; tests/test_checkpoint.py asserts the results.
+"""What each rank of the 2-rank checkpoint job does; test_checkpoint.py asserts the results.
 
 Rank 0 gets a directory it can write; rank 1 a path under a regular file, which cannot exist on
 any machine, so rank 1 succeeds only if it never touches the filesystem ("only rank 0 sees the

@@ -1,6 +1,6 @@
 """The estimator on a Spark Connect session, in a client process of its own (as `_client`):
 
-    python -m tests.connect._ml_client URL CHECK [CHECK ...]
+    python -m tests.spark.connect._ml_client URL CHECK [CHECK ...]
 
 Each check reports one `RESULT {json}` line through `_client.main`; test_estimator.py judges
 them. The data is scikit-learn's digits (no download), 4 of 5 rows to train, the 5th to test.
@@ -20,7 +20,7 @@ from torch import nn
 
 from hora.spark import TorchEstimator, TorchModel
 from hora.spark.estimator import shipping
-from tests.connect._client import check, main
+from tests.spark.connect._client import check, main
 from tests.spark.estimator import _data
 
 PIXELS = [f"p{i}" for i in range(64)]

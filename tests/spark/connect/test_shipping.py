@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests._nohora import make_python_without_hora
-from tests.connect._server import ConnectServer
-from tests.connect.conftest import require_spark_connect
+from tests.spark.connect._server import ConnectServer
+from tests.spark.connect.conftest import require_spark_connect
 
 require_spark_connect()
 pytestmark = pytest.mark.spark

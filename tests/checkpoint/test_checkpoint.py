@@ -19,7 +19,7 @@ import torch
 
 import hora
 from hora.checkpoint import Checkpoint, CheckpointLoadError, Restored, _format
-from tests import _checkpoint_cases
+from tests.checkpoint import _cases as _checkpoint_cases
 
 RANK_VARS = ("RANK", "HOROVOD_RANK", "WORLD_SIZE", "HOROVOD_SIZE")
 
