@@ -17,6 +17,7 @@ After Ray Train's `tests/test_circular_imports.py`, and more. Two readings of ho
   and no code spells an engine's name ("spark"): the registry and the faces say it.
 - **The launcher's contract, declared**: outside `hora/engines/`, no `getattr`/`hasattr` reads a
   name that `hora.engines.base.Launcher` declares (every launcher has it, with its default).
+- **Small modules**: none of hora/ over `MOST_LINES` (450) lines.
 
 `python tests/test_layout.py` prints every finding without pytest.
 """
@@ -626,8 +627,26 @@ def test_the_launcher_contract_is_read_from_its_class() -> None:
     )
 
 
+#: the most lines a module of hora/ may have: past it, a module does more than one job
+MOST_LINES = 450
+
+
+def modules_too_long() -> list[str]:
+    """A module over `MOST_LINES` lines holds more than one job: split it by what it does."""
+    found = []
+    for name, path in modules().items():
+        lines = len(path.read_text().splitlines())
+        if lines > MOST_LINES:
+            found.append(
+                f"{path.relative_to(REPO)}: {name} has {lines} lines, over {MOST_LINES}: "
+                "move one of its jobs into a module of its own."
+            )
+    return found
+
+
 RULES = {
     "rooms without a floor": rooms_without_a_floor,
+    "modules over 450 lines": modules_too_long,
     "circles": circles,
     "upward arrows": upward_arrows,
     "collectives: control above data": collectives_arrows,
