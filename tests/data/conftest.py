@@ -46,3 +46,4 @@ def spark() -> Iterator[Any]:
         finally:
             stop_spark(session)
             end_spark_jvm()
+    mosaic_stubs.forget()

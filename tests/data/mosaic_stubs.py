@@ -25,3 +25,13 @@ def put_first(patch: pytest.MonkeyPatch) -> None:
         str(STUBS)
     ):
         raise RuntimeError("a real torchvision is already imported in this process")
+
+
+def forget() -> None:
+    """Drop the stand-in from this process's modules, once its path is gone: a later import of
+    torchvision (torcheval's, in the Spark ML tests) must find the real one or none."""
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] == "torchvision" and str(getattr(module, "__file__", "")).startswith(
+            str(STUBS)
+        ):
+            del sys.modules[name]
