@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -39,13 +40,24 @@ def spark():
         os.environ["PYTHONPATH"] = before
 
 
+@pytest.mark.timeout(900)  # room for the reference's second run (below)
 def test_lightning_both_layouts_as_under_pyspark(spark, tmp_path):
     from pyspark.ml.torch.distributor import TorchDistributor as PysparkTorchDistributor
 
     out = {name: str(tmp_path / name) for name in ("pyspark", "hora")}
-    PysparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-        _train.lightning, out["pyspark"], LAYOUTS
-    )
+    for attempt in range(2):
+        # The reference is run again once if it fails: torch's gloo teardown now and then aborts
+        # a rank of pyspark's own torchrun on this 2-core machine (conftest.TORN_DOWN), and the
+        # other rank's torchrun then waits out its 300 s exit barrier; torch's flake, not hora's.
+        try:
+            PysparkTorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+                _train.lightning, out["pyspark"], LAYOUTS
+            )
+            break
+        except Exception:
+            if attempt:
+                raise
+            shutil.rmtree(out["pyspark"], ignore_errors=True)
     TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
         _train.lightning, out["hora"], LAYOUTS
     )

@@ -6,6 +6,7 @@ Skipped cleanly when pyspark or Java is missing. Every test checks that no hora 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -31,7 +32,14 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 def start_spark(master: str, **conf: str):
     """A SparkSession bound to 127.0.0.1 with the UI off; the caller stops it."""
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    if SparkContext._gateway is not None:  # a JVM an earlier module left: alive, or forgotten
+        try:
+            SparkContext._gateway.jvm.java.lang.System.currentTimeMillis()
+        except Exception:
+            forget_spark()
 
     # A fresh Builder: `SparkSession.builder` is shared and keeps the last module's options.
     builder = (
@@ -65,12 +73,33 @@ def fake_gpus(folder: pathlib.Path, *claims: list[str]) -> str:
 
 def stop_spark(session) -> None:
     """Stop `session` and forget its settings: Spark leaves them in the JVM's system properties,
-    where the next module's session would inherit them (GPU resources on a local master)."""
-    system = session.sparkContext._jvm.System
-    session.stop()
-    for key in list(system.getProperties().stringPropertyNames()):
-        if str(key).startswith("spark."):
-            system.clearProperty(key)
+    where the next module's session would inherit them (GPU resources on a local master).
+
+    A JVM that died, or a gateway left mid-call (a test stopped by its timeout inside a py4j
+    call answers every later call with garbage), is ended and forgotten instead: one test's
+    broken JVM must not fail every later module that starts Spark."""
+    try:
+        system = session.sparkContext._jvm.System
+        session.stop()
+        for key in list(system.getProperties().stringPropertyNames()):
+            if str(key).startswith("spark."):
+                system.clearProperty(key)
+    except Exception:
+        forget_spark()
+        raise
+
+
+def forget_spark() -> None:
+    """End this process's JVM, whatever its state, and pyspark's memory of its session."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    with contextlib.suppress(Exception):
+        end_spark_jvm()
+    SparkContext._gateway = SparkContext._jvm = None
+    SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = None
+    SparkSession._activeSession = None
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -88,7 +117,8 @@ def end_spark_jvm() -> None:
     if gateway is None:
         return
     proc = getattr(gateway, "proc", None)
-    gateway.shutdown()
+    with contextlib.suppress(Exception):  # a gateway whose connection broke mid-call
+        gateway.shutdown()
     SparkContext._gateway = None
     SparkContext._jvm = None
     if proc is not None:
