@@ -19,12 +19,15 @@ pointing down: front -> control -> data -> the shared words):
                        `requests`, `sparse`, `submissions` (the caller's side), `loop` (the
                        `CollectiveLoop` thread and its drive lock), `worker_round`,
                        `coordinator_round`, `responses`, rank 0's `negotiation`, `validation`,
-                       `planning`, `cache`, `stall`, and the star's `channel`
+                       `planning`, `cache`, `stall`, and the negotiation tree (`tree`, each
+                       rank's `relay`, the sockets' `channel`)
   ops                  each op's face: its request with every argument explicit (`submit_*`),
                        Horovod's async, in-place and grouped forms; synchronize, join
   framework            what else a framework API builds on (op resolution, errors, the names
                        each op has in each framework: `op_faces`)
-  _basics              init/shutdown (wires the two rooms), ranks and sizes, dynamic process sets
+  _basics              init/shutdown, ranks and sizes, dynamic process sets
+  _start               the loop's start at init (wires the two rooms): its thread, the
+                       negotiation tree and its key, the data path beyond gloo
   objects, elastic     Python objects across ranks; what every framework's `hvd.elastic` uses
 Framework layers (hora.torch, hora.tensorflow) sit on top and add gradients and their tensor types;
 their public face here is this package's `__all__` (Horovod's calls), `ops`, `framework` and

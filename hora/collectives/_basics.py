@@ -21,33 +21,21 @@ import torch.distributed as dist
 from hora import environment, timeline
 from hora.collectives import _rendezvous
 from hora.collectives._common import NOT_INITIALIZED
-from hora.collectives._control import channel
 from hora.collectives._control import state as _state
-from hora.collectives._control.loop import CollectiveLoop, LoopConfig
 from hora.collectives._control.process_sets import ProcessSet, global_process_set, register
-from hora.collectives._control.stall import StallSettings
-from hora.collectives._data import hierarchy, shm_setup
 from hora.collectives._data.groups import GroupInfo, destroy_groups, make_groups
 from hora.collectives._messages import ProcessSetChange
+from hora.collectives._start import env_float, start_loop
 from hora.collectives.ops import barrier
 from hora.environment import RankPlacement, placements
-from hora.wire import link
 
 _atexit_registered = False
 _created_default_group = False
 
-DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
-DEFAULT_CYCLE_TIME_MS = 1.0
-
-
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value not in (None, "") else default
-
 
 def timeout() -> timedelta:
     """How long a transport or the negotiation channel waits for a silent peer."""
-    return timedelta(seconds=_env_float("HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0))
+    return timedelta(seconds=env_float("HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0))
 
 
 def _init_torch_distributed() -> bool:
@@ -111,7 +99,7 @@ def init(
     world = make_world(rank, size, wait)
     place = _placement(rank, size, world.gloo)
     groups: dict[int, GroupInfo] = {0: world}
-    loop = _start_loop(
+    loop = start_loop(
         rank, size, (place.cross_rank, place.local_rank, place.local_size), groups, wait
     )
     dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") in (
@@ -158,106 +146,6 @@ def make_world(rank: int, size: int, wait: timedelta) -> GroupInfo:
     if size == 1:
         return GroupInfo(ranks=(0,), index=0)
     return make_groups(list(range(size)), rank, wait)
-
-
-def _start_loop(
-    rank: int,
-    size: int,
-    local: tuple[int, int, int],
-    groups: dict[int, GroupInfo],
-    wait: timedelta,
-) -> CollectiveLoop:
-    """The loop thread, its negotiation star, and the world's data path beyond gloo: shared
-    memory on one host, the hierarchical path on several. `local`: this rank's (cross rank,
-    local rank, local size)."""
-    world = groups[0]
-    config = LoopConfig(
-        rank=rank,
-        size=size,
-        cycle_time_s=_env_float("HOROVOD_CYCLE_TIME", DEFAULT_CYCLE_TIME_MS) / 1000.0,
-        fusion_threshold=int(_env_float("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)),
-        timeout_s=wait.total_seconds(),
-        stall=StallSettings.from_env(),
-    )
-    if size == 1:
-        return CollectiveLoop(config, groups, {}, None)
-    token = channel.new_token()
-    server = None
-    address = ""
-    mode = ""
-    store_key = f"hora.torch/negotiation/{token.hex()}"
-    store = _default_store()
-    if rank == 0:
-        server, address = channel.listen(channel.local_address(_master_addr(store)))
-        if link.current() is not None:
-            mode = "launcher"
-        elif store is not None:
-            mode = "store"
-            store.set(store_key, channel.new_key())
-        else:  # pragma: no cover - torch.distributed always has a default store once initialised
-            raise RuntimeError("hora.torch.init(): torch.distributed has no store to share a key")
-    box: list[Any] = [address, token, mode]
-    dist.broadcast_object_list(box, src=0, group=world.gloo)
-    address, token, mode = box
-    store_key = f"hora.torch/negotiation/{token.hex()}"
-    key = channel.channel_key(_negotiation_key(mode, store, store_key), token)
-    if rank == 0:
-        assert server is not None
-        try:
-            peers = channel.accept_workers(server, size - 1, key, config.timeout_s)
-        finally:
-            if mode == "store":
-                with contextlib.suppress(Exception):
-                    store.delete_key(store_key)
-        loop = CollectiveLoop(config, groups, peers, None)
-    else:
-        sock = channel.connect(address, rank, key, config.timeout_s)
-        loop = CollectiveLoop(config, groups, None, sock)
-    if local[2] == size:  # one host
-        world.local = shm_setup.connect(rank, size, 0, token, key, world.gloo, config.timeout_s)
-    else:
-        world.hierarchy = hierarchy.connect(rank, local, token, key, world.gloo, wait)
-    return loop
-
-
-def _default_store() -> Any:
-    """torch.distributed's default store (the rendezvous TCPStore under env:// launchers)."""
-    try:
-        return dist.distributed_c10d._get_default_store()
-    except Exception:  # pragma: no cover - private API moved
-        return None
-
-
-def _master_addr(store: Any) -> str | None:
-    """The rendezvous host: MASTER_ADDR, else the default TCPStore's host."""
-    addr = environment.current().master_addr
-    if addr:
-        return addr
-    while store is not None and not hasattr(store, "host"):
-        store = getattr(store, "underlying_store", None)
-    return getattr(store, "host", None) if store is not None else None
-
-
-def _negotiation_key(mode: str, store: Any, store_key: str) -> bytes:
-    """The key every rank of this world authenticates the negotiation star with.
-
-    Under a hora launcher ("launcher"): derived from the run's channel secret, which the worker
-    bootstrap read from stdin (`hora.wire.link.DriverLink.negotiation_key`); no key travels at
-    all. Without one (torchrun, TorchDistributor, a user-initialised group: "store"): rank 0
-    draws a random key and publishes it in torch.distributed's default store, the TCPStore every
-    rank already rendezvoused through. That is exactly as trusted as torch.distributed's own
-    rendezvous: whoever can read that store can also join the process group and feed gloo.
-    Rank 0 deletes the key from the store once every rank has connected.
-    """
-    if mode == "launcher":
-        driver = link.current()
-        if driver is None:
-            raise RuntimeError(
-                "hora.torch.init(): rank 0 runs under a hora launcher but this rank does not; "
-                "start every rank the same way"
-            )
-        return driver.negotiation_key
-    return bytes(store.get(store_key))
 
 
 def barrier_all() -> None:

@@ -1,13 +1,16 @@
 """The collective loop's messages: what a rank asks rank 0 for, what rank 0 decides, and the
 controls a caller's thread hands its own loop.
 
-On the negotiation star (`channel`), one frame per round each way:
-- a worker to rank 0: `(drops_applied, items)`, a plain tuple (a NamedTuple costs ~5 us more per
-  frame to pickle and unpickle, and a frame per operation is the common case), where
-  `drops_applied` counts the `CacheDrop`s the worker has applied and each item is a `Request`, a
-  response-cache id (a bare int standing for a request, see `cache`), `Join`, `Stop`, or
-  `Shutdown` (that rank's loop failed);
-- rank 0 to every rank: a list of `Bucket`, `Failure`, `JoinDone`, `CacheDrop` and `Shutdown`.
+On the negotiation tree (`_control.tree`, `_control.channel`), one frame per round each way:
+- a rank to its parent: a list of reports, each `(rank, whole, drops_applied, items)`, plain
+  tuples (a NamedTuple costs ~5 us more per frame to pickle and unpickle, and a frame per
+  operation is the common case). `whole` False: `rank`'s own round, where `drops_applied` counts
+  the `CacheDrop`s it has applied and each item is a `Request`, a response-cache id (a bare int
+  standing for a request, see `cache`), `Join`, `Stop`, or `Shutdown` (that rank's loop failed,
+  or a child of it was lost); `whole` True: every rank of `rank`'s subtree sent the same round of
+  cache ids (a tuple), `drops_applied` the fewest of theirs (`_control.relay`);
+- rank 0 down the tree to every rank: a list of `Bucket`, `Failure`, `JoinDone`, `CacheDrop` and
+  `Shutdown`, pickled once and passed on as it came.
 `ProcessSetChange` only ever travels through a rank's own queue.
 
 Every class here is small and pickles fast; the channel's restricted unpickler admits exactly

@@ -6,7 +6,7 @@ loop, writes the new coordinates and the world's generation into its environment
 `init()` and the user's code read them), makes a new default group through the launcher's store
 under the generation's prefix (`_rendezvous`: the old world's keys stay in the store, and must
 not be read again; new ranks wait there until a running rank opens it), and starts the collective
-loop anew: new process groups, negotiation star and shared memory.
+loop anew: new process groups, negotiation tree and shared memory.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def _serve(workers: int, key: bytes = KEY, timeout: float = 20.0):  # type: igno
 
     def run() -> None:
         try:
-            box["peers"] = _channel.accept_workers(server, workers, key, timeout)
+            box["peers"] = _channel.accept_children(server, range(1, workers + 1), key, timeout)
         except BaseException as exc:
             box["error"] = exc
 

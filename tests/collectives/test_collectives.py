@@ -1,4 +1,4 @@
-"""Conformance of hora.torch's collective engine on real ranks (2 to 4), launched by hora.run.
+"""Conformance of hora.torch's collective engine on real ranks (2 to 5), launched by hora.run.
 
 One job per world size and data path runs every case of `_cases` inside the ranks (on one host,
 on one host without shared memory, and on ranks pretending to sit on several hosts, which takes
@@ -28,6 +28,7 @@ class Job(NamedTuple):
     np: int
     shm: str  # HORA_SHM: "0" keeps gloo's path tested too
     hosts: tuple[int, ...] = ()  # ranks per pretended host (`_cases.pretend_hosts`), or one host
+    fanout: int = 0  # HORA_NEGOTIATION_FANOUT (0: the default, a star at these sizes)
 
 
 # One host uses shared memory for allreduce; ranks that pretend to sit on several hosts take the
@@ -38,11 +39,16 @@ JOBS = {
     "np2-shm0": Job(2, "0"),
     "hosts2x2": Job(4, "1", (2, 2)),
     "hosts2+1": Job(3, "1", (2, 1)),
+    # A negotiation tree two levels deep (rank 0 -> 1, 2; rank 1 -> 3, 4): every case's rounds
+    # relayed by rank 1, its subtree's cached rounds folded into one report.
+    "np5-tree": Job(5, "1", fanout=2),
 }
 
 
 def _run(job: Job) -> list[dict[str, str]]:
     env = {"HORA_SHM": job.shm}
+    if job.fanout:
+        env["HORA_NEGOTIATION_FANOUT"] = str(job.fanout)
     if job.hosts:
         return hora.run(_cases.run_all_on_hosts, (list(job.hosts),), np=job.np, env=env)
     return hora.run(_cases.run_all, np=job.np, env=env)

@@ -47,7 +47,7 @@ def star() -> Iterator[tuple[Side, Side]]:
     coord.set_process_set(0, (0, 1))
     stall = StallInspector(StallSettings(enabled=False), coord)
     rank0.round = CoordinatorRound({1: a}, rank0.sel, rank0.queue, rank0.handler, coord, stall)
-    rank1.round = WorkerRound(b, rank1.sel, rank1.queue, rank1.handler, rank1.sets, 5.0)
+    rank1.round = WorkerRound(1, (0, b), {}, rank1.sel, rank1.queue, rank1.handler, rank1.sets, 5.0)
     yield rank0, rank1
     for side in (rank0, rank1):
         side.round.close()

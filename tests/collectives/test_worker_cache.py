@@ -78,7 +78,7 @@ def test_rounds_against_a_real_coordinator_over_the_wire_format() -> None:
                     coord.submit_cached(1, item)
                 else:
                     coord.submit(1, item)
-            coord.cache.ack(1, drops)
+            coord.cache.ack((1,), drops)
             coord.submit(0, req(name))
         for resp in _channel.loads(_channel.pack(coord.take())):
             if type(resp) is Bucket:

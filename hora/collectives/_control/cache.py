@@ -16,7 +16,7 @@ sender had applied when it chose the ids (`drops_applied`).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from hora.collectives._data.registry import PER_RANK_KINDS
 from hora.collectives._messages import Bucket, CacheDrop, Entry, Request
@@ -65,9 +65,13 @@ class CoordinatorCache:
             req = retired[0]
         return req
 
-    def ack(self, rank: int, drops_applied: int) -> None:
-        """`rank` had applied `drops_applied` CacheDrops when it chose the ids it just sent."""
-        self._acked[rank] = drops_applied
+    def ack(self, ranks: Iterable[int], drops_applied: int) -> None:
+        """Each of `ranks` had applied at least `drops_applied` CacheDrops when it chose the ids
+        it just sent (a subtree's report gives its fewest: a rank's count only grows)."""
+        acked = self._acked
+        for rank in ranks:
+            if acked.get(rank, 0) < drops_applied:
+                acked[rank] = drops_applied
         if self._retired:
             done = min(self._acked.values(), default=self._drops_sent)
             for cid in [c for c, (_, seq) in self._retired.items() if seq <= done]:

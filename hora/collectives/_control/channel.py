@@ -1,13 +1,14 @@
-"""The negotiation channel: a TCP star with rank 0 at its centre, apart from the data path.
+"""The negotiation channel: the sockets of the negotiation tree (`tree`), apart from the data path.
 
 gloo's small collectives cost about a millisecond each on a busy host, a socket round trip tens of
 microseconds, so requests and responses travel on plain sockets: length-prefixed pickles. A dead
-peer closes its socket, which every survivor sees at once (no idle polling is needed to notice).
+peer closes its socket, which its parent and children see at once (no idle polling is needed to
+notice). Every rank with children listens; each child connects to its parent.
 
-Security: rank 0 listens on a TCP port, so anything that can reach it could otherwise feed it a
-pickle. Every socket of the star is therefore authenticated both ways (the HMAC-SHA256
+Security: a parent listens on a TCP port, so anything that can reach it could otherwise feed it a
+pickle. Every socket of the tree is therefore authenticated both ways (the HMAC-SHA256
 challenge-response of `hora.wire.channel`, with a key every rank of this world holds, see
-`hora.collectives._basics._negotiation_key`) before a single frame is unpickled; a peer that
+`hora.collectives._start._negotiation_key`) before a single frame is unpickled; a peer that
 fails is closed unread. Frames (hora.wire.channel's framing) are then unpickled by a restricted
 unpickler that resolves only the collective loop's own message classes (defence in depth). The
 channel authenticates; it does not encrypt.
@@ -22,6 +23,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Collection
 from typing import Any
 
 from hora.collectives._messages import (
@@ -69,6 +71,11 @@ def recv_msg(sock: socket.socket) -> Any:
     return loads(wire.recv_frame(sock))
 
 
+def recv_payload(sock: socket.socket) -> bytes:
+    """One frame, still pickled (a parent's answer, passed on to the children as it came)."""
+    return wire.recv_frame(sock)
+
+
 def local_address(master_addr: str | None) -> str:
     """This host's address as seen from `master_addr` (no packet is sent: UDP connect only)."""
     if master_addr:
@@ -88,7 +95,7 @@ def _tune(sock: socket.socket, timeout: float) -> None:
 
 
 def listen(host: str) -> tuple[socket.socket, str]:
-    """Rank 0 listens on an ephemeral port of `host` only; returns the socket and "host:port"."""
+    """A parent listens on an ephemeral port of `host` only; returns the socket and "host:port"."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind((host, 0))
     server.listen(128)
@@ -96,27 +103,30 @@ def listen(host: str) -> tuple[socket.socket, str]:
 
 
 def channel_key(base_key: bytes, token: bytes) -> bytes:
-    """The key of one world's star: the base key bound to this `init()`'s random token."""
+    """The key of one world's tree: the base key bound to this `init()`'s random token."""
     return hmac.new(base_key, b"hora.torch star " + token, hashlib.sha256).digest()
 
 
-def accept_workers(
-    server: socket.socket, workers: int, key: bytes, timeout: float
+def accept_children(
+    server: socket.socket, children: Collection[int], key: bytes, timeout: float
 ) -> dict[int, socket.socket]:
-    """Accept one authenticated connection per other rank, within `timeout` overall.
+    """Accept one authenticated connection per rank of `children`, within `timeout` overall.
 
     A connection that fails the handshake (wrong key, garbage, silence for
-    `HANDSHAKE_TIMEOUT_S`) is closed without anything it sent being unpickled, and does not take
-    a rank's place; the real ranks still get in.
+    `HANDSHAKE_TIMEOUT_S`), or names a rank that is not a child or is here already, is closed
+    without anything it sent being unpickled, and does not take a rank's place; the real ranks
+    still get in.
     """
     deadline = time.monotonic() + timeout
     peers: dict[int, socket.socket] = {}
     try:
-        while len(peers) < workers:
+        while len(peers) < len(children):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                missing = sorted(set(children) - set(peers))
                 raise TimeoutError(
-                    f"only {len(peers)} of {workers} ranks reached the negotiation channel"
+                    f"only {len(peers)} of {len(children)} ranks reached the negotiation channel "
+                    f"(missing: {_listed(missing)})"
                 )
             server.settimeout(remaining)
             conn, addr = server.accept()
@@ -124,7 +134,7 @@ def accept_workers(
                 conn.settimeout(min(HANDSHAKE_TIMEOUT_S, remaining))
                 wire.authenticate_as_server(conn, key)
                 (rank,) = _HELLO.unpack(wire.recv_exact(conn, _HELLO.size))
-                if not 1 <= rank <= workers or rank in peers:
+                if rank not in children or rank in peers:
                     raise wire.AuthenticationFailed(f"unexpected rank {rank}")
             except (OSError, ConnectionError, struct.error) as exc:
                 log.warning("hora.torch: refused a negotiation connection from %s: %s", addr, exc)
@@ -141,8 +151,14 @@ def accept_workers(
     return peers
 
 
+def _listed(ranks: list[int], most: int = 16) -> str:
+    shown = ", ".join(map(str, ranks[:most]))
+    return f"ranks {shown}" + (f" and {len(ranks) - most} more" if len(ranks) > most else "")
+
+
 def connect(address: str, rank: int, key: bytes, timeout: float) -> socket.socket:
-    """Connect to rank 0's star and authenticate both ways before anything else is exchanged."""
+    """Connect to this rank's parent in the tree and authenticate both ways before anything else
+    is exchanged."""
     host, port = address.rsplit(":", 1)
     sock = socket.create_connection((host, int(port)), timeout=timeout)
     try:

@@ -1,6 +1,7 @@
-"""Rank 0's round: take every worker's frame and its own submissions once due, let the
-`Coordinator` decide, send the decisions to every worker in one pickled payload and apply them
-here too (Horovod's controller on its coordinator).
+"""Rank 0's round: take its children's reports (each for a rank, or for a whole subtree of the
+negotiation tree: `tree`, `relay`) and its own submissions once due, let the `Coordinator`
+decide, send the decisions down the tree in one pickled payload and apply them here too
+(Horovod's controller on its coordinator).
 
 Rank 0 also decides when every rank stops: a rank's `shutdown()` (STOP), a failed or lost rank,
 or the stall inspector's verdict; the reason travels to all as the last response.
@@ -8,14 +9,17 @@ or the stall inspector's verdict; the reason travels to all as the last response
 
 from __future__ import annotations
 
+import contextlib
 import selectors
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from hora.collectives._common import SHUT_DOWN
 from hora.collectives._control import channel
 from hora.collectives._control.negotiation import Coordinator
+from hora.collectives._control.relay import HOLD_S
 from hora.collectives._control.responses import ResponseHandler
 from hora.collectives._control.stall import StallInspector
 from hora.collectives._control.submissions import SubmissionQueue
@@ -23,12 +27,13 @@ from hora.collectives._messages import Join, ProcessSetChange, Request, Shutdown
 from hora.timeline import hooks as _th
 
 # How long rank 0 keeps a round of cache ids aside waiting for the other ranks' same round
-# (`Coordinator.offer`) before it submits them one by one, where the stall inspector sees them.
-STASH_WAIT_S = 0.25
+# (`Coordinator.offer`) before it submits them one by one, where the stall inspector sees them:
+# as long as a rank of the tree holds one for its subtree.
+STASH_WAIT_S = HOLD_S
 
 
 class CoordinatorRound:
-    """Rank 0's side of the negotiation star: a socket per worker, the coordinator, the stall
+    """Rank 0's side of the negotiation tree: a socket per child, the coordinator, the stall
     inspector, and why every rank must stop (None while all is well)."""
 
     def __init__(
@@ -50,9 +55,10 @@ class CoordinatorRound:
         self._stall = stall
         self._shutdown: str | None = None
         self.ended = False  # every rank was told to stop
+        self.reports_heard = 0  # reports from the children, each a rank's or a subtree's
 
     def step(self, ready: list[selectors.SelectorKey]) -> float | None:
-        """One round: take the workers' frames that are `ready` and this rank's submissions once
+        """One round: take the children's frames that are `ready` and this rank's submissions once
         due, plan, send the responses and run them; returns how long the loop may sleep (None:
         until something arrives)."""
         if _th.recorder.enabled:
@@ -68,10 +74,11 @@ class CoordinatorRound:
         return self.coordinator.has_pending() or self.coordinator.has_set_aside()
 
     def tell_peers(self, reason: str) -> None:
-        """This rank's loop failed: every worker stops with `reason`."""
+        """This rank's loop failed: every rank stops with `reason` (the children pass it on)."""
         payload = channel.pack([Shutdown(reason)])
         for peer in self._peers.values():
-            channel.send_payload(peer, payload)
+            with contextlib.suppress(OSError):  # a lost child's subtree stops on its own
+                channel.send_payload(peer, payload)
 
     def close(self) -> None:
         for peer in self._peers.values():
@@ -82,20 +89,26 @@ class CoordinatorRound:
             self._shutdown = reason
 
     def _receive(self, key: selectors.SelectorKey) -> None:
-        """One worker's frame: `(drops_applied, items)`, see `_messages`."""
-        rank = key.data
+        """One child's frame: its reports, each `(rank, whole, drops_applied, items)`, see
+        `relay`."""
+        child = key.data
         try:
-            drops_applied, items = channel.recv_msg(key.fileobj)  # type: ignore[arg-type]
+            reports = channel.recv_msg(key.fileobj)  # type: ignore[arg-type]
         except (ConnectionError, OSError):
             self._sel.unregister(key.fileobj)
-            self._peers.pop(rank, None)
-            self._stop(f"{SHUT_DOWN} (rank {rank} disconnected)")
+            self._peers.pop(child, None)
+            self._stop(f"{SHUT_DOWN} (rank {child} disconnected)")
             return
         coord = self.coordinator
-        repeated = items and type(items[0]) is int and all(type(i) is int for i in items)
-        if not (repeated and coord.offer(rank, tuple(items), time.monotonic())):
-            self._submit(rank, items)
-        coord.cache.ack(rank, drops_applied)
+        now = time.monotonic()
+        self.reports_heard += len(reports)
+        for rank, whole, drops_applied, items in reports:
+            if whole:
+                if not coord.offer(rank, items, now, whole=True):
+                    coord.submit_round(rank, items, whole=True)
+            elif not (_ids_only(items) and coord.offer(rank, tuple(items), now)):
+                self._submit(rank, items)
+            coord.ack(rank, drops_applied, whole)
 
     def _submit_own(self) -> None:
         own = self._queue.take_due()
@@ -107,7 +120,7 @@ class CoordinatorRound:
             return
         self._submit(0, own)
 
-    def _submit(self, rank: int, items: list[Any]) -> None:
+    def _submit(self, rank: int, items: Sequence[Any]) -> None:
         coord = self.coordinator
         for item in items:
             kind = type(item)
@@ -155,3 +168,8 @@ class CoordinatorRound:
             left = max(0.0, STASH_WAIT_S - age)
             wait = left if wait is None else min(wait, left)
         return wait
+
+
+def _ids_only(items: Sequence[Any]) -> bool:
+    """A round of response-cache ids alone (a repeated round, see `Coordinator.offer`)."""
+    return bool(items) and all(type(i) is int for i in items)

@@ -3,8 +3,9 @@ collective (Horovod's `operations.cc`), and the handles callers wait on.
 
 The caller's thread only records an operation (`SubmissionQueue.push`) and wakes the loop when
 it sleeps (`submit` returns a handle at once). Each round of the loop is this rank's side of
-the negotiation (`WorkerRound` or, on rank 0, `CoordinatorRound`): requests go to rank 0, the
-agreed buckets come back, run on the data path and complete the handles. No rank polls while
+the negotiation (`WorkerRound` or, on rank 0, `CoordinatorRound`): requests go up the
+negotiation tree to rank 0, the agreed buckets come back down, run on the data path and
+complete the handles. No rank polls while
 idle: the threads sleep in `select` until a submission or a message arrives.
 
 Whoever holds the drive lock runs the loop's rounds (`_guarded_step`): the background thread,
@@ -38,6 +39,7 @@ from hora.collectives._control.negotiation import Coordinator
 from hora.collectives._control.responses import ResponseHandler
 from hora.collectives._control.stall import StallInspector, StallSettings
 from hora.collectives._control.submissions import Op, SubmissionQueue
+from hora.collectives._control.tree import NegotiationTree
 from hora.collectives._control.worker_round import WorkerRound
 from hora.collectives._data.groups import GroupInfo
 from hora.collectives._messages import STOP, ProcessSetChange
@@ -70,24 +72,44 @@ def _sleeper_for(sel: selectors.BaseSelector) -> selectors.BaseSelector:
     return sleeper
 
 
+@dataclass
+class TreeSockets:
+    """This rank's place in the negotiation tree: the tree, its parent (rank and socket; None
+    on rank 0) and its children's sockets by rank."""
+
+    tree: NegotiationTree
+    parent: tuple[int, socket.socket] | None
+    children: dict[int, socket.socket]
+
+
 def _negotiation(
     config: LoopConfig,
     process_sets: dict[int, GroupInfo],
     sel: selectors.BaseSelector,
     queue: SubmissionQueue,
-    peers: dict[int, socket.socket] | None,
-    sock: socket.socket | None,
+    sockets: TreeSockets,
 ) -> WorkerRound | CoordinatorRound:
-    """This rank's side of the negotiation star: rank 0 coordinates, every other rank works."""
+    """This rank's side of the negotiation tree: rank 0 coordinates, every other rank works."""
     handler = ResponseHandler(queue, process_sets)
     if config.rank != 0:
-        assert sock is not None
-        return WorkerRound(sock, sel, queue, handler, process_sets, config.timeout_s)
-    coordinator = Coordinator(config.size, config.fusion_threshold, capacity_from_env())
+        assert sockets.parent is not None
+        return WorkerRound(
+            config.rank,
+            sockets.parent,
+            sockets.children,
+            sel,
+            queue,
+            handler,
+            process_sets,
+            config.timeout_s,
+        )
+    coordinator = Coordinator(
+        config.size, config.fusion_threshold, capacity_from_env(), sockets.tree
+    )
     for ps_id, info in process_sets.items():
         coordinator.set_process_set(ps_id, info.ranks)
     stall = StallInspector(config.stall, coordinator)
-    return CoordinatorRound(peers or {}, sel, queue, handler, coordinator, stall)
+    return CoordinatorRound(sockets.children, sel, queue, handler, coordinator, stall)
 
 
 class CollectiveLoop:
@@ -97,8 +119,7 @@ class CollectiveLoop:
         self,
         config: LoopConfig,
         process_sets: dict[int, GroupInfo],
-        coordinator_peers: dict[int, socket.socket] | None,
-        worker_socket: socket.socket | None,
+        sockets: TreeSockets,
     ) -> None:
         self.config = config
         self.queue = SubmissionQueue(config.cycle_time_s)
@@ -114,9 +135,7 @@ class CollectiveLoop:
         self._running = True
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._wake_r, selectors.EVENT_READ)
-        self.negotiation = _negotiation(
-            config, process_sets, self._sel, self.queue, coordinator_peers, worker_socket
-        )
+        self.negotiation = _negotiation(config, process_sets, self._sel, self.queue, sockets)
         self._sleeper = _sleeper_for(self._sel)
         self._single_threaded = threading.Event()
         threads = torch.get_num_threads()

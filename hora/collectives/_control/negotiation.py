@@ -14,6 +14,7 @@ from collections.abc import Collection, Mapping
 
 from hora.collectives._control.cache import CoordinatorCache
 from hora.collectives._control.planning import Ready, plan
+from hora.collectives._control.tree import NegotiationTree
 from hora.collectives._control.validation import join_refusal, validate
 from hora.collectives._messages import (
     Bucket,
@@ -29,7 +30,13 @@ _NONAME = ".noname."  # in the names hora generates for unnamed operations
 class Coordinator:
     """Rank 0's bookkeeping of every rank's requests; `take()` hands out what may run now."""
 
-    def __init__(self, size: int, fusion_threshold: int, cache_capacity: int = 1024) -> None:
+    def __init__(
+        self,
+        size: int,
+        fusion_threshold: int,
+        cache_capacity: int = 1024,
+        tree: NegotiationTree | None = None,
+    ) -> None:
         self.size = size
         self.fusion_threshold = fusion_threshold
         self.members: dict[int, tuple[int, ...]] = {0: tuple(range(size))}
@@ -42,9 +49,14 @@ class Coordinator:
         self._cached = self.cache.entries
         self._by_id = self.cache.by_id
         self.cached_submissions = 0  # requests that arrived as a cache id (tests read it)
-        # Repeated rounds (see `offer`): the rounds set aside and since when.
-        self._stash: dict[int, tuple[int, ...]] = {}
+        # Repeated rounds (see `offer`): the rounds set aside by the rank (or subtree) that sent
+        # them, the ids they share, how many ranks they cover, and since when.
+        self.tree = tree if tree is not None else NegotiationTree(size, max(2, size))
+        self._stash: dict[int, bool] = {}  # rank -> whether it stands for its whole subtree
+        self._stash_ids: tuple[int, ...] = ()
+        self._covered = 0
         self._stash_since = 0.0
+        self._acked_whole: dict[int, int] = {}  # subtree -> the drops all its ranks acked
         self.repeated_rounds = 0  # rounds answered from a plan (tests read it)
 
     def set_process_set(self, process_set_id: int, ranks: tuple[int, ...] | None) -> None:
@@ -58,37 +70,67 @@ class Coordinator:
             self.members[process_set_id] = ranks
 
     # ----- repeated rounds ---------------------------------------------------------------------
-    def offer(self, rank: int, ids: tuple[int, ...], now: float) -> bool:
+    def offer(self, rank: int, ids: tuple[int, ...], now: float, whole: bool = False) -> bool:
         """A training step submits the same operations in the same order every time, and once
-        they are cached every rank sends rank 0 nothing but their ids. Such a round is set
-        aside (True) while every rank's round so far is the very same sequence of ids, with
-        nothing else pending; once all have it, `take` answers with the buckets planned for
-        that sequence before, instead of matching each operation again (Horovod agrees on
-        cached responses with a bit vector, without its coordinator, to the same end).
+        they are cached every rank sends nothing but their ids; `whole`: `rank` reports for its
+        whole subtree of the negotiation tree (`relay`). Such a round is set aside (True) while
+        every round so far is the very same sequence of ids of the global process set, with
+        nothing else pending; once the whole world has it, `take` answers with the buckets
+        planned for that sequence before, instead of matching each operation again (Horovod
+        agrees on cached responses with a bit vector, without its coordinator, to the same end).
         False: submit them one by one, as usual (whatever was set aside went that way too)."""
         if not ids or self._pending or self._out or self._joined or rank in self._stash:
             self.spill()
             return False
         if self._stash:
-            if ids != next(iter(self._stash.values())):
+            if ids != self._stash_ids:
                 self.spill()
                 return False
+        elif not self._global(ids):
+            return False
         else:
-            self._stash_since = now
-        self._stash[rank] = ids
+            self._stash_ids, self._stash_since = ids, now
+        self._stash[rank] = whole
+        self._covered += self.tree.subtree_size(rank) if whole else 1
+        return True
+
+    def _global(self, ids: tuple[int, ...]) -> bool:
+        """Every id stands for a live request of the global process set (another set's round
+        never has every rank: it is matched one by one, without waiting)."""
+        by_id = self._by_id
+        for cid in ids:
+            req = by_id.get(cid)
+            if req is None or req.process_set_id != 0:
+                return False
         return True
 
     def spill(self) -> None:
         """Submit what was set aside one by one (a round differed, or it waited too long)."""
         if not self._stash:
             return
-        stash, self._stash = self._stash, {}
-        for rank, ids in stash.items():
+        stash, ids = self._stash, self._stash_ids
+        self._stash, self._covered = {}, 0
+        for rank, whole in stash.items():
+            self.submit_round(rank, ids, whole)
+
+    def submit_round(self, rank: int, ids: tuple[int, ...], whole: bool) -> None:
+        """Submit a round of cache ids one by one, for every rank of `rank`'s subtree where
+        `whole`."""
+        for r in self.tree.subtree(rank) if whole else (rank,):
             for cid in ids:
-                if rank == 0:
+                if r == 0:
                     self.submit(0, self.cache.resolve(cid))
                 else:
-                    self.submit_cached(rank, cid)
+                    self.submit_cached(r, cid)
+
+    def ack(self, rank: int, drops_applied: int, whole: bool = False) -> None:
+        """`rank` (every rank of its subtree where `whole`) had applied `drops_applied`
+        CacheDrops when it chose the ids it just sent (see `CoordinatorCache.ack`)."""
+        if not whole:
+            self.cache.ack((rank,), drops_applied)
+        elif self._acked_whole.get(rank) != drops_applied:
+            self._acked_whole[rank] = drops_applied
+            self.cache.ack(self.tree.subtree(rank), drops_applied)
 
     def has_set_aside(self) -> bool:
         """Some rank's round waits in `offer`'s stash."""
@@ -100,9 +142,9 @@ class Coordinator:
 
     def _repeated_round(self) -> list[Bucket] | None:
         """The buckets for a round every rank set aside, planned once per sequence of ids."""
-        if len(self._stash) < self.size:
+        if self._covered < self.size:
             return None
-        ids = self._stash[0]
+        ids = self._stash_ids
         buckets = self.cache.plans.get(ids)
         if buckets is None:
             members = self.members[0]
@@ -110,11 +152,11 @@ class Coordinator:
             for cid in ids:
                 req = self._by_id.get(cid)
                 if req is None or req.process_set_id != 0:
-                    return None  # dropped meanwhile, or another set's: one by one
+                    return None  # dropped meanwhile: one by one
                 ready.append((0, req.name, dict.fromkeys(members, req), -1, cid))
             buckets = self._plan(ready)
             self.cache.remember_plan(ids, buckets)
-        self._stash = {}
+        self._stash, self._covered = {}, 0
         self.repeated_rounds += 1
         self.cached_submissions += (self.size - 1) * len(ids)
         return list(buckets)
@@ -224,7 +266,7 @@ class Coordinator:
             repeated = self._repeated_round()
             if repeated is not None:
                 return repeated  # type: ignore[return-value]
-            if len(self._stash) == self.size:
+            if self._covered >= self.size:
                 self.spill()  # an id no longer cached: planned one by one below
         out, self._out = self._out, []
         responses: list[Response] = []
