@@ -25,6 +25,7 @@ share of hora's end to end, and the shuffle's cost. Caches are new each run (no 
     .venv/bin/python bench/data.py                  # 100,000 rows x 256 features (~100 MB)
     .venv/bin/python bench/data.py --full           # 4,000,000 rows x 300 features (~4.8 GB)
     <petastorm venv>/bin/python bench/data.py --contenders hora,petastorm   # see bench/README.md
+    .venv/bin/python bench/data.py --plan-files 10000 --latency-ms 5   # many files' footers
 
 Everything binds to 127.0.0.1; `streaming` gets the torchvision stand-in of tests/data/_stubs.
 """
@@ -214,6 +215,95 @@ def one_run(kind: str, df, rows: int, features: int, batch: int, workers: int, r
     }
 
 
+def slow_files(seconds: float):
+    """A local folder as a pyarrow filesystem whose every call first waits `seconds`: the round
+    trip an object store adds to each footer's read. What footers never call is refused."""
+    from pyarrow import fs
+
+    local = fs.LocalFileSystem()
+
+    def unused(self, *args):
+        raise NotImplementedError("not a footer's call")
+
+    class Handler(fs.FileSystemHandler):
+        create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = unused
+        delete_file = move = copy_file = open_output_stream = open_append_stream = unused
+
+        def __eq__(self, other):
+            return self is other
+
+        def __ne__(self, other):
+            return self is not other
+
+        def get_type_name(self):
+            return "slow"
+
+        def normalize_path(self, path):
+            return path
+
+        def get_file_info(self, paths):
+            time.sleep(seconds)
+            return local.get_file_info(paths)
+
+        def get_file_info_selector(self, selector):
+            time.sleep(seconds)
+            return local.get_file_info(selector)
+
+        def open_input_file(self, path):
+            time.sleep(seconds)
+            return local.open_input_file(path)
+
+        def open_input_stream(self, path):
+            return self.open_input_file(path)
+
+    return fs.PyFileSystem(Handler())
+
+
+def plan_many_files(count: int, latency_ms: float) -> None:
+    """`count` small Parquet files (10 rows each): the time to plan them (`from_parquet`'s
+    footers, a loader, the first epoch's order and units), its footers read one by one and in
+    parallel; and the footers alone through a filesystem that waits `latency_ms` per call."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import hora.data
+    from hora.data import _footers
+
+    folder = Path(tempfile.mkdtemp(prefix="hora-bench-files-"))
+    try:
+        for i in range(count):
+            ids = np.arange(i * 10, i * 10 + 10)
+            table = pa.table({"id": ids, "x": np.ones(10, np.float32)})
+            pq.write_table(table, folder / f"part-{i:05d}.parquet")
+        print(f"{count:,} Parquet files of 10 rows; load {os.getloadavg()[0]:.1f}")
+        default = _footers.FOOTER_THREADS
+        for _ in range(2):  # a local disk's footers are read one by one (faster there)
+            start = time.perf_counter()
+            dataset = hora.data.from_parquet(folder)
+            footers = time.perf_counter() - start
+            loader = dataset.loader(64, rank=0, size=1)
+            loader._start()  # the epoch's order, windows and shares
+            planned = time.perf_counter() - start
+            print(f"  local disk: footers {footers:.2f} s; planned (footers, a loader, the "
+                  f"epoch's order) {planned:.2f} s")  # fmt: skip
+        slow = slow_files(latency_ms / 1e3)
+        paths = [str(folder / f"part-{i:05d}.parquet") for i in range(count)]
+        timing = {}
+        for threads in (1, default):
+            _footers.FOOTER_THREADS = threads
+            start = time.perf_counter()
+            found = _footers.read_footers(slow, paths)
+            timing[threads] = time.perf_counter() - start
+            assert all(isinstance(f, _footers.Footer) for f in found)
+            print(f"  {latency_ms:g} ms a call: footers with {threads:2d} threads "
+                  f"{timing[threads]:.2f} s")  # fmt: skip
+        print(f"  parallel / one by one at {latency_ms:g} ms: {timing[1] / timing[default]:.1f}x")
+        _footers.FOOTER_THREADS = default
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=100_000)
@@ -224,7 +314,12 @@ def main() -> None:
     parser.add_argument("--mosaic-workers", type=int, default=0, help="StreamingDataLoader's")
     parser.add_argument("--contenders", default="hora,hora-order,hora-delta,mosaic")
     parser.add_argument("--memory", default="3g", help="the Spark driver's memory")
+    parser.add_argument("--plan-files", type=int, help="only: plan this many small files")
+    parser.add_argument("--latency-ms", type=float, default=5.0, help="with --plan-files")
     args = parser.parse_args()
+    if args.plan_files:
+        plan_many_files(args.plan_files, args.latency_ms)
+        return
     if args.full:
         args.rows, args.features = 4_000_000, 300
     kinds = args.contenders.split(",")

@@ -10,6 +10,8 @@ from typing import Any
 
 from hora.data._columns import describe
 from hora.data._files import Files, Piece
+from hora.data._footers import Footer
+from hora.data._footers import read_footers as footers
 from hora.data._loader import DEFAULT_PREFETCH, Loader
 from hora.data._tf import tf_dataset
 from hora.storage import Location
@@ -123,30 +125,26 @@ def read_footers(
     location: Location, fingerprint: str = "", pad: Mapping[str, int] | None = None
 ) -> Dataset:
     """A Dataset from the footers of the Parquet files at `location` (nothing else is read)."""
-    import pyarrow.parquet as pq
-
     filesystem, root = location.arrow()
     files = parquet_files(location)
     if not files:
         raise ValueError(f"{location.uri!r} holds no Parquet files")
     pieces: list[Piece] = []
     schema = None
-    for index, name in enumerate(files):
-        path = f"{root.rstrip('/')}/{name}" if name else root
-        with filesystem.open_input_file(path) as f:
-            meta = pq.ParquetFile(f).metadata
-            here = meta.schema.to_arrow_schema()
+    paths = [f"{root.rstrip('/')}/{name}" if name else root for name in files]
+    for index, (name, footer) in enumerate(zip(files, footers(filesystem, paths), strict=True)):
+        if not isinstance(footer, Footer):
+            raise footer
         if schema is None:
-            schema = here
-        elif not here.equals(schema):
+            schema = footer.schema
+        elif not footer.schema.equals(schema):
             raise ValueError(
-                f"{location.uri!r}: {name} has the schema {here}, unlike the first file's "
-                f"{schema}; every file of a dataset needs the same columns"
+                f"{location.uri!r}: {name} has the schema {footer.schema}, unlike the first "
+                f"file's {schema}; every file of a dataset needs the same columns"
             )
-        for group in range(meta.num_row_groups):
-            g = meta.row_group(group)
-            if g.num_rows:
-                pieces.append(Piece(index, group, g.num_rows, max(1, g.total_byte_size)))
+        pieces += [
+            Piece(index, g, rows, size) for g, (rows, size) in enumerate(footer.groups) if rows
+        ]
     assert schema is not None
     columns = tuple(describe(f) for f in schema)
     uri = location.location()

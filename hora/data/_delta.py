@@ -27,7 +27,7 @@ import numpy as np
 from hora.data._columns import SCALAR, Column
 from hora.data._dataset import Dataset, EmptyDataError
 from hora.data._files import DELTA, Piece, pack_deleted
-from hora.data._footers import Footer, columns_of, nulls_message, read_footer
+from hora.data._footers import Footer, columns_of, nulls_message, read_footers
 from hora.storage import Location
 
 log = logging.getLogger("hora.data")
@@ -101,17 +101,16 @@ def _read_footers(
     filesystem, base = location.arrow()
     footers: list[Footer] = []
     described: list[Column] = []
-    for name in names:
-        path = f"{base.rstrip('/')}/{name}"
-        try:
-            footer = read_footer(filesystem, path, [file for _, file in wanted])
-        except FileNotFoundError:
+    paths = [f"{base.rstrip('/')}/{name}" for name in names]
+    read = read_footers(filesystem, paths, [file for _, file in wanted])
+    for name, footer in zip(names, read, strict=True):
+        if isinstance(footer, FileNotFoundError):
             raise ValueError(
                 f"{where}: its file {name} is not there (vacuumed, or not reachable from here): "
                 "read a version whose files are kept, from a path every rank reaches"
-            ) from None
-        except (OSError, ValueError) as e:  # not readable, or not Parquet to pyarrow
-            raise ValueError(f"{where}: its file {name} cannot be read ({e})") from e
+            )
+        if not isinstance(footer, Footer):  # not readable, or not Parquet to pyarrow
+            raise ValueError(f"{where}: its file {name} cannot be read ({footer})") from footer
         found = columns_of(footer, wanted)
         if isinstance(found, str):
             raise ValueError(

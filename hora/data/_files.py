@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import os
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from hora.storage import Location
 WRITTEN, IN_PLACE, PARQUET, DELTA = "written", "in place", "parquet", "delta"
 
 log = logging.getLogger("hora.data")
+#: a dataset of more files than this is checked by listing its folder
+_ASKED_ONE_BY_ONE = 64
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,33 @@ class Files:
             location.filesystem().delete_file(location.root)
         else:
             location.remove_tree()
+
+    def unreachable(self) -> tuple[list[str], list[str]]:
+        """The files (relative to `uri`) this process does not find, and those it finds but
+        may not read. Many files are found by one listing of the folder (an object store
+        answers it in pages, where a question per file would take minutes)."""
+        from pyarrow import fs
+
+        location = self.location
+        filesystem, root = location.arrow()
+        paths = [f"{root.rstrip('/')}/{name}" if name else root for name in self.files]
+        if len(paths) > _ASKED_ONE_BY_ONE:
+            listed = filesystem.get_file_info(
+                fs.FileSelector(root, recursive=True, allow_not_found=True)
+            )
+            there = {i.path for i in listed if i.type == fs.FileType.File}
+        else:
+            infos = filesystem.get_file_info(paths)
+            there = {i.path for i in infos if i.type == fs.FileType.File}
+        missing = [n for n, p in zip(self.files, paths, strict=True) if p not in there]
+        unreadable = []
+        if location.is_local:
+            unreadable = [
+                n
+                for n, p in zip(self.files, paths, strict=True)
+                if p in there and not os.access(p, os.R_OK)
+            ]
+        return missing, unreadable
 
     def column(self, name: str) -> Column:
         return {c.name: c for c in self.columns}[name]

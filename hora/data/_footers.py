@@ -4,6 +4,7 @@ Parquet, a Delta table): its schema, row groups, null counts and what identifies
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from hora.data._columns import Column, describe
+
+#: footers read at once by `read_footers`
+FOOTER_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,30 @@ def read_footer(filesystem: Any, path: str, counted: Iterable[str] = ()) -> Foot
         int(info.size),
         info.mtime_ns,
     )
+
+
+def read_footers(
+    filesystem: Any, paths: Sequence[str], counted: Iterable[str] = ()
+) -> list[Footer | OSError | ValueError]:
+    """Each path's footer, or what reading it raised, in order. On a remote filesystem
+    FOOTER_THREADS are read at once (an object store answers each after a round trip); a local
+    disk answers at once, and there one thread is faster than several (they would wait for
+    the interpreter's lock: 0.8 s against 2 s for 10,000 small files, bench/data.py)."""
+    counted = tuple(counted)
+
+    def one(path: str) -> Footer | OSError | ValueError:
+        try:
+            return read_footer(filesystem, path, counted)
+        except (OSError, ValueError) as e:  # not there, not readable, not Parquet to pyarrow
+            return e
+
+    from pyarrow import fs
+
+    threads = min(FOOTER_THREADS, len(paths))
+    if threads < 2 or isinstance(filesystem, fs.LocalFileSystem):
+        return [one(p) for p in paths]
+    with ThreadPoolExecutor(threads, thread_name_prefix="hora-data-footers") as pool:
+        return list(pool.map(one, paths))
 
 
 def columns_of(footer: Footer, wanted: Sequence[tuple[str, str]]) -> list[Column] | str:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from hora.data._columns import SCALAR, Column
 from hora.data._dataset import Dataset, EmptyDataError
 from hora.data._files import IN_PLACE, Piece
-from hora.data._footers import Footer, columns_of, nulls_message, read_footer
+from hora.data._footers import Footer, columns_of, nulls_message, read_footers
 from hora.data._scan import Scan
 from hora.storage import Location
 
@@ -41,16 +41,14 @@ def read_in_place(scan: Scan, columns: Sequence[Column], pad: Mapping[str, int])
     wanted = list(scan.columns)
     scalars = [file for (name, file), c in zip(wanted, columns, strict=True) if c.kind == SCALAR]
     footers: list[Footer] = []
-    for name in names:
-        path = f"{base.rstrip('/')}/{name}"
-        try:
-            footer = read_footer(filesystem, path, scalars)
-        except (OSError, ValueError) as e:  # not there, not readable, not Parquet to pyarrow
+    paths = [f"{base.rstrip('/')}/{name}" for name in names]
+    for name, footer in zip(names, read_footers(filesystem, paths, scalars), strict=True):
+        if not isinstance(footer, Footer):
             where = f"{root.location(name)!r} (one of its {len(names)} input files)"
-            if isinstance(e, FileNotFoundError):
+            if isinstance(footer, FileNotFoundError):
                 why = f"does not find {where}: they are on disks the driver does not see"
             else:
-                why = f"cannot read {where}: {e}"
+                why = f"cannot read {where}: {footer}"
             raise ValueError(
                 f"the DataFrame is a plain scan of Parquet files, read in place, but the driver "
                 f"{why}. Read them from a path that the driver, every executor and every rank "

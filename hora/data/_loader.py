@@ -9,8 +9,10 @@ epoch, and a restart resumes exactly where the commit was made.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
+import socket
 import threading
 import warnings
 import weakref
@@ -21,11 +23,13 @@ import numpy as np
 import pyarrow as pa
 
 from hora import environment
-from hora.data import _order
+from hora.data import _order, _plan
 from hora.data._batch import BatchMaker, Transform
 from hora.data._columns import ARRAY, ColumnError, check_selected
-from hora.data._device import to_device
+from hora.data._device import Feeder, PinnedPool, to_device
 from hora.data._reader import Reader
+from hora.data._rows import joined
+from hora.data._work import Job
 from hora.data._workers import WorkerPool, default_workers
 
 if TYPE_CHECKING:
@@ -97,6 +101,7 @@ class Loader:
                 f"the dataset has {dataset.rows} rows for {self.size} ranks: every rank needs "
                 "at least one row; use fewer ranks or more data"
             )
+        _check_reachable(dataset, self.rank)
         self._rows = dataset.rows
         self._window_bytes = max(1, prefetch // 4)
         self.epoch = 0
@@ -110,15 +115,23 @@ class Loader:
         self.pin_memory, self.device = bool(pin_memory), device
         self._make = BatchMaker(self._by_name, self.pad, transform)
         self._pool: WorkerPool | None = None
+        self._feeding: Feeder | None = None  # the device's thread of the iteration under way
+        self._pinned_pool: PinnedPool | None = None  # its buffers, kept from epoch to epoch
 
     # --- the workers
     def _workers(self) -> WorkerPool | None:
         """The worker processes, started at the first iteration (before its reader thread:
         a fork copies no thread, and none of this loader's is then half-way through a read)."""
         if self.num_workers and self._pool is None:
-            self._pool = WorkerPool(self.num_workers, self._make)
+            job = Job(self._make, self.dataset, tuple(self.columns))
+            self._pool = WorkerPool(self.num_workers, job)
             weakref.finalize(self, self._pool.close)
         return self._pool
+
+    def _pinned(self) -> PinnedPool:
+        if self._pinned_pool is None:
+            self._pinned_pool = PinnedPool()
+        return self._pinned_pool
 
     @property
     def worker_pids(self) -> list[int]:
@@ -127,12 +140,16 @@ class Loader:
 
     def close(self) -> None:
         """End the worker processes (the next iteration starts new ones)."""
+        feeding, self._feeding = self._feeding, None
+        if feeding is not None:
+            feeding.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pool": None}  # processes stay with the loader that made them
+        # processes and threads stay with the loader that made them
+        return {**self.__dict__, "_pool": None, "_feeding": None, "_pinned_pool": None}
 
     def _check_lengths(self) -> None:
         for name in self.columns:
@@ -216,13 +233,16 @@ class Loader:
             return len(_order.batch_sizes(counts, self.batch_size, self.drop_last)[0])
         return len(self._plan()[1][0])
 
-    def numpy_batches(self) -> Iterator[dict[str, Any]]:
-        """The batches as numpy arrays (or whatever `transform` returns): what `__iter__`
-        and `tf_dataset` turn into tensors."""
+    def _start(
+        self,
+    ) -> tuple[list[list[_order.Interval]], list[list[int]], list[_order.Window]] | None:
+        """An iteration's plan, fixed in the loop's thread before any batch is made: the shares,
+        the ranks' batch sizes, the epoch's windows. None: nothing is left of this epoch (it
+        was resumed at its end)."""
         if not self._remaining:
-            if self._ended:  # resumed at this epoch's end: nothing is left of it
+            if self._ended:
                 self._ended = False
-                return
+                return None
             self.epoch += 1  # a loop that never calls set_epoch(): the next epoch
             self._remaining = [(0, self._rows)]
         self._ended = False
@@ -235,8 +255,34 @@ class Loader:
             epoch=self.epoch,
             window_bytes=self._window_bytes,
         )
+        return shares, sizes, found
+
+    def _made(
+        self,
+        shares: list[list[_order.Interval]],
+        sizes: list[list[int]],
+        found: list[_order.Window],
+    ) -> Iterator[tuple[list[_order.Interval], dict[str, Any]]]:
+        """This rank's batches of the plan, each with the positions no rank has been given once
+        it is (the state it leaves), made in this thread from the reader's rows or by the
+        workers from the plan alone."""
         pool = self._workers()
-        budget = max(1, self.prefetch // 2)  # the reader's, and the workers' in flight
+        budget = max(1, self.prefetch // 2)  # what the reader, or the units read ahead, hold
+        if pool is not None:
+            units = _plan.units(
+                found,
+                [p.bytes for p in self.dataset.pieces],
+                shuffle=self.shuffle,
+                window_bytes=self._window_bytes,
+            )
+            runs = _plan.runs(shares[self.rank], sizes[self.rank], units)
+            orders = [(self.seed, self.epoch, u.window) if u.window is not None else None
+                      for u in units]  # fmt: skip
+            where = functools.partial(_row_groups, self.dataset, units)
+            made = pool.batches(runs, units, orders, budget, where)
+            for step, arrays in enumerate(made):
+                yield _order.left_after(shares, sizes, step + 1), arrays
+            return
         reader = Reader(
             self.dataset,
             self.columns,
@@ -248,85 +294,121 @@ class Loader:
             budget=budget,
         )
         try:
-            raw = _cut_batches(reader.tables(), sizes[self.rank])
-            if pool is None:
-                made: Iterator[dict[str, Any]] = (self._make(table) for table, _ in raw)
-            else:
-                made = pool.batches(
-                    raw, budget, lambda used: _row_groups(self.dataset, found, used)
-                )
-            for step, arrays in enumerate(made):
-                self._remaining = _order.left_after(shares, sizes, step + 1)
-                yield arrays
-            self._remaining = []  # the epoch is over (rows past drop_last's batches included)
+            tables = _cut_batches(reader.tables(), sizes[self.rank])
+            for step, table in enumerate(tables):
+                yield _order.left_after(shares, sizes, step + 1), self._make(table)
         finally:
             reader.close()
+
+    def numpy_batches(self) -> Iterator[dict[str, Any]]:
+        """The batches as numpy arrays (or whatever `transform` returns): what `__iter__`
+        and `tf_dataset` turn into tensors."""
+        plan = self._start()
+        if plan is None:
+            return
+        for left, arrays in self._made(*plan):
+            self._remaining = left  # a batch counts as given once it is yielded
+            yield arrays
+        self._remaining = []  # the epoch is over (rows past drop_last's batches included)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # torch is imported here, not with hora.data (the driver's from_spark needs none), and
         # while the reader decodes the first window: at a rank's start both take seconds. Not
-        # beside workers: they fork at the first batch, and a fork must not copy an import
-        # half-way through in another thread.
+        # beside workers (they fork at the first batch, and a fork must not copy an import
+        # half-way through in another thread) nor a device's thread.
         importing = threading.Thread(
             target=importlib.import_module, args=("torch",), name="hora-data-import-torch"
         )
-        if self.num_workers:
+        to_gpu = self.pin_memory or self.device is not None
+        if self.num_workers or to_gpu:
             importing.run()
         else:
             importing.start()
-        batches = self.numpy_batches()
         try:
-            first = next(batches, None)
+            plan = self._start()
+            made = self._made(*plan) if plan is not None else iter(())
+            first = None if to_gpu else next(made, None)
         finally:
             if importing.is_alive():
                 importing.join()
         import torch
 
-        if first is None:
-            return
-        tensors: Iterator[dict[str, Any]] = itertools.chain(
-            [{name: _tensor(torch, value) for name, value in first.items()}],
-            ({name: _tensor(torch, value) for name, value in a.items()} for a in batches),
+        tensors = (
+            (left, {name: _tensor(torch, value) for name, value in arrays.items()})
+            for left, arrays in (made if first is None else itertools.chain([first], made))
         )
-        if self.pin_memory or self.device is not None:
-            tensors = to_device(tensors, self.device, self.pin_memory)
-        yield from tensors
+        fed = to_device(tensors, self.device, self.pin_memory, self._pinned) if to_gpu else tensors
+        self._feeding = fed if isinstance(fed, Feeder) else None
+        try:
+            for left, batch in fed:
+                self._remaining = left  # a batch counts as given once it is yielded
+                yield batch
+            if plan is not None:
+                self._remaining = []  # the epoch is over
+        finally:
+            if isinstance(fed, Feeder):
+                fed.close()
+                self._feeding = None
+
+
+def _check_reachable(dataset: Files, rank: int) -> None:
+    """Refuse, before any batch, a dataset whose files this rank's host does not see or may
+    not read (a folder only the driver's disk holds, another host's /dev/shm), naming the host."""
+    missing, unreadable = dataset.unreachable()
+    if not missing and not unreadable:
+        return
+    here = f"rank {rank} on host {socket.gethostname()!r}"
+    count = len(dataset.files)
+    if missing:
+        what = f"does not find {len(missing)} of the dataset's {count} files (e.g. {missing[0]!r})"
+    else:
+        what = f"may not read {len(unreadable)} of its {count} files (e.g. {unreadable[0]!r})"
+    raise FileNotFoundError(
+        f"hora.data: {here} {what} under {dataset.uri}: every rank's host must reach the "
+        "data. Put it where the driver and every host read it (a shared mount, or a URI such "
+        "as hdfs:// or s3://), or have from_spark write a copy there (copy=True, store=...)"
+    )
 
 
 def _cut_batches(
     tables: Iterator[tuple[int, pa.Table]], sizes: Sequence[int]
-) -> Iterator[tuple[pa.Table, tuple[int, ...]]]:
-    """The reader's tables cut into batches of `sizes` rows, each with the windows it came from."""
+) -> Iterator[pa.Table]:
+    """The reader's tables cut into batches of `sizes` rows."""
     pending: list[pa.Table] = []
-    used: list[int] = []
     held = 0
     for size in sizes:
         while held < size:
-            window, table = next(tables)
+            _, table = next(tables)
             pending.append(table)
-            used.append(window)
             held += table.num_rows
         batch, pending, held = _cut(pending, size, held)
-        yield batch, tuple(dict.fromkeys(used))
-        used = used[-1:] if pending else []
+        yield batch
 
 
-def _row_groups(dataset: Files, found: Sequence[_order.Window], used: Sequence[int]) -> str:
-    """The row groups of windows `used`, as an error names them."""
+def _row_groups(dataset: Files, units: Sequence[_plan.Unit], runs: Sequence[_plan.Run]) -> str:
+    """The row groups a batch's rows come from, as an error names them."""
+    rows = [p.rows for p in dataset.pieces]
+    pieces = dict.fromkeys(p for run in runs for p in _plan.pieces_of(run, units, rows))
     names = []
-    for w in used:
-        for index in found[w].pieces:
-            piece = dataset.pieces[index]
-            names.append(f"{dataset.files[piece.file] or dataset.uri} row group {piece.group}")
+    for index in pieces:
+        piece = dataset.pieces[index]
+        names.append(f"{dataset.files[piece.file] or dataset.uri} row group {piece.group}")
     return f"{dataset.uri}: " + ", ".join(names)
 
 
 def _cut(pending: list[pa.Table], size: int, held: int) -> tuple[pa.Table, list[pa.Table], int]:
     """The first `size` rows of the pending tables as one table, and what is left."""
-    whole = pa.concat_tables(pending) if len(pending) > 1 else pending[0]
-    batch = whole.slice(0, size).combine_chunks()
-    rest = whole.slice(size)
-    return batch, ([rest] if rest.num_rows else []), held - size
+    parts, rest, taken = [], [], 0
+    for table in pending:
+        if taken >= size:
+            rest.append(table)
+            continue
+        use = min(size - taken, table.num_rows)
+        parts.append(table.slice(0, use))
+        if use < table.num_rows:
+            rest.append(table.slice(use))
+        taken += use
+    return joined(parts), rest, held - size
 
 
 def _tensor(torch: Any, value: Any) -> Any:

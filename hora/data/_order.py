@@ -11,7 +11,6 @@ another size splits it again.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,11 +67,6 @@ def windows(
 def window_permutation(window: int, rows: int, *, seed: int, epoch: int) -> np.ndarray:
     """The shuffled order of a window's rows (indexes into the window's concatenated pieces)."""
     return np.random.default_rng([seed, epoch, window + 1]).permutation(rows)
-
-
-def window_at(found: Sequence[Window], position: int) -> int:
-    """The index of the window holding `position`."""
-    return bisect.bisect_right([w.start for w in found], position) - 1
 
 
 def total(intervals: Sequence[Interval]) -> int:

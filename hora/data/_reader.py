@@ -3,6 +3,7 @@ hands over its rows in order, never holding more than a byte budget of decoded d
 
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
 from collections.abc import Iterator, Sequence
@@ -12,7 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from hora.data._order import Interval, Window, window_at, window_permutation
+from hora.data._order import Interval, Window, window_permutation
+from hora.data._rows import gather
 
 if TYPE_CHECKING:
     from hora.data._files import Files
@@ -20,6 +22,8 @@ if TYPE_CHECKING:
 _END = object()
 #: a shuffled window is handed over in parts of about this many bytes
 PART_BYTES = 4 << 20
+#: Parquet files a reader keeps open (a dataset of thousands of files would run out of them)
+OPEN_FILES = 64
 
 
 class Reader:
@@ -93,12 +97,13 @@ class Reader:
 
     def _run(self) -> None:
         files: dict[int, Any] = {}
+        starts = [w.start for w in self._windows]
         try:
             cached: tuple[int, pa.Table] | None = None
             for a, b in self._intervals:
                 position = a
                 while position < b:
-                    w = window_at(self._windows, position)
+                    w = bisect.bisect_right(starts, position) - 1
                     window = self._windows[w]
                     lo, hi = position - window.start, min(b, window.start + window.rows)
                     hi -= window.start
@@ -126,7 +131,7 @@ class Reader:
         order = window_permutation(w, rows.num_rows, seed=self._seed, epoch=self._epoch)
         step = max(1, rows.num_rows * PART_BYTES // max(1, rows.nbytes))
         for start in range(lo, hi, step):
-            yield rows.take(pa.array(order[start : min(hi, start + step)]))
+            yield gather(rows, order[start : min(hi, start + step)])
 
     def _read(self, window: Window, files: dict[int, Any]) -> pa.Table:
         parts = [read_piece(self._dataset, i, self._columns, files) for i in window.pieces]
@@ -137,12 +142,17 @@ def read_piece(
     dataset: Files, index: int, columns: Sequence[str], files: dict[int, Any]
 ) -> pa.Table:
     """Piece `index` of `dataset` (one row group) with `columns`, its `rows` live rows in file
-    order; `files` keeps the Parquet files opened so far, by file index (the caller closes them).
+    order; `files` keeps the last OPEN_FILES Parquet files opened, by file index (the caller
+    closes them).
 
     Columns are read by the files' names (`dataset.renamed`) and handed over by the dataset's;
     rows a deletion vector removed (`piece.deleted`) are dropped here, the one place that reads."""
     piece = dataset.pieces[index]
-    if piece.file not in files:
+    if piece.file in files:
+        files[piece.file] = files.pop(piece.file)  # the most recent last
+    else:
+        if len(files) >= OPEN_FILES:
+            files.pop(next(iter(files))).close()
         filesystem, root = dataset.location.arrow()
         name = dataset.files[piece.file]
         path = f"{root.rstrip('/')}/{name}" if name else root

@@ -1,15 +1,15 @@
-"""A loader's worker processes: they turn the batches the rank's reader cut into what the loop
-gets (columns to numpy, then the user's `transform`: image decoding, tokenizing), in parallel,
-and hand them back through shared memory, in order.
+"""A loader's worker processes, seen from the rank: they read the rows and make the batches the
+rank planned, in parallel, and hand them back through shared memory, in order.
 
 The rank keeps everything that decides *which* rows a batch holds (the epoch's order, the
-shares, the position a commit saves); a worker only makes batch `step` of the iteration it was
-given, so batches are the same with workers as without, and exactly-once, resume and resize do
-not depend on them. Batch `step` goes to worker `step % K` (each worker's batches come back in
-its order), at most `2 * K` batches and a byte budget in flight. Tensors come back in torch's
-shared memory (a file descriptor passed over a socket, its name unlinked at once: nothing is
-left in /dev/shm when a process dies). A worker ends when its rank ends or dies (it watches its
-parent), and a worker that dies fails the rank's next batch with what it was making.
+shares, the position a commit saves) and sends plans, never rows: "read unit u" (a shuffled
+window, or a run of row groups in file order: read once, by one worker, into shared memory, and
+mapped by every worker that needs its rows) and "make batch k from these runs of unit rows". So
+batches are the same with workers as without, and exactly-once, resume and resize do not depend
+on them. Batch k goes to worker k % K (each worker answers in its order); a unit goes to the
+worker with the least to do, read ahead while the units held fit the byte budget; at most 2 K
+batches are in flight. A worker ends when its rank ends or dies (it watches its parent, and its
+pipe), and a worker that dies fails the rank's next batch with what it was making.
 """
 
 from __future__ import annotations
@@ -17,19 +17,28 @@ from __future__ import annotations
 import collections
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
-import queue
 import signal
-import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+import socket
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
-import numpy as np
-import pyarrow as pa
-
 from hora import environment
-from hora.data._batch import BatchMaker
+from hora.data._plan import Run, Unit
+from hora.data._shared import Borrower
+from hora.data._work import (
+    BATCH,
+    DROP,
+    FORGET,
+    FREE,
+    READ,
+    UNIT,
+    Failure,
+    Job,
+    Order,
+    work,
+)
 
 #: the most workers a loader starts by itself: more rarely pays on one rank's share of a host
 MAX_DEFAULT_WORKERS = 8
@@ -55,43 +64,77 @@ def default_workers(has_transform: bool) -> int:
     return max(1, min(MAX_DEFAULT_WORKERS, (cores or 1) // max(1, ranks_here) - 1))
 
 
-@dataclass(frozen=True)
-class _Failure:
-    worker: int
-    pid: int
-    traceback: str
+class _Iteration:
+    """One iteration's bookkeeping: the units to read, read and being read, who holds them."""
+
+    def __init__(self, generation: int, plan: Sequence[Sequence[Run]], found: Sequence[Unit]):
+        self.generation = generation
+        self.plan = plan
+        self.found = found
+        first: dict[int, int] = {}
+        self.last: dict[int, int] = {}
+        for step, runs in enumerate(plan):
+            for u, _, _ in runs:
+                first.setdefault(u, step)
+                self.last[u] = step
+        self.to_read = collections.deque(sorted(first, key=first.__getitem__))
+        self.ready: dict[int, Any] = {}
+        self.holders: dict[int, set[int]] = collections.defaultdict(set)
+        self.held = 0  # bytes of the units read or being read, not yet let go
+        self.results: dict[int, dict[str, Any]] = {}
+
+    def units(self, step: int) -> list[int]:
+        return list(dict.fromkeys(u for u, _, _ in self.plan[step]))
+
+    def can_make(self, step: int) -> bool:
+        return all(u in self.ready for u in self.units(step))
 
 
 class WorkerPool:
-    """`count` processes making batches with `make`; started once per loader, used by every
-    epoch (each iteration is a new generation: batches of an abandoned one are dropped)."""
+    """`count` processes reading and making batches for `job`; started once per loader, used
+    by every epoch (each iteration is a new generation: answers of an abandoned one are
+    dropped)."""
 
-    def __init__(self, count: int, make: BatchMaker) -> None:
+    def __init__(self, count: int, job: Job) -> None:
         import torch.multiprocessing  # noqa: F401  (registers tensors' shared-memory pickling)
 
         forking = "fork" in multiprocessing.get_all_start_methods()
         context: Any = multiprocessing.get_context("fork" if forking else "spawn")
-        payload: Any = make
+        payload: Any = job
         if not forking:  # the transform may be a closure: cloudpickle, as hora ships functions
             import cloudpickle
 
-            payload = cloudpickle.dumps(make)
+            payload = cloudpickle.dumps(job)
         self.count = count
-        self._wanted = context.Value("q", 0, lock=False)  # the generation workers make
+        self._wanted = context.Value("q", 0, lock=False)  # the generation workers work for
         self._generation = 0
-        self._inputs = [context.Queue() for _ in range(count)]
-        self._outputs = [context.Queue() for _ in range(count)]
-        self._processes = [
-            context.Process(
-                target=_work,
-                args=(i, self._inputs[i], self._outputs[i], payload, self._wanted, os.getpid()),
-                name=f"hora-data-worker-{i}",
-                daemon=True,
+        inputs = [context.Pipe(duplex=False) for _ in range(count)]  # (worker's, rank's)
+        outputs = [context.Pipe(duplex=False) for _ in range(count)]  # (rank's, worker's)
+        sockets = [socket.socketpair() for _ in range(count)]  # units' descriptors
+        self._inputs = [send for _, send in inputs]
+        self._outputs = [receive for receive, _ in outputs]
+        self._descriptors = [mine for mine, _ in sockets]
+        ends = [end for pair in inputs + outputs + sockets for end in pair]
+        self._processes = []
+        for i in range(count):
+            own = (inputs[i][0], outputs[i][1], sockets[i][1])
+            others = [e for e in ends if all(e is not o for o in own)] if forking else []
+            self._processes.append(
+                context.Process(
+                    target=work,
+                    args=(i, *own, payload, self._wanted, os.getpid(), others),
+                    name=f"hora-data-worker-{i}",
+                    daemon=True,
+                )
             )
-            for i in range(count)
-        ]
         for process in self._processes:
             process.start()
+        for theirs in [r for r, _ in inputs] + [w for _, w in outputs + sockets]:
+            theirs.close()
+        self._borrower = Borrower()
+        self._doing: list[collections.deque[tuple[int, str, int]]] = [
+            collections.deque() for _ in range(count)
+        ]
         self._broken: str | None = None
         self._closed = False
 
@@ -101,83 +144,169 @@ class WorkerPool:
 
     def batches(
         self,
-        raw: Iterator[tuple[pa.Table, Any]],
+        plan: Sequence[Sequence[Run]],
+        found: Sequence[Unit],
+        orders: Sequence[Order],
         budget: int,
-        where: Callable[[Any], str],
+        where: Callable[[Sequence[Run]], str],
     ) -> Iterator[dict[str, Any]]:
-        """What `make` gives for each raw batch of `raw`, in order. `raw` yields (table, origin);
-        `where(origin)` names the batch's row groups in an error. At least one batch is in
-        flight; more while the raw batches and the results expected of them fit `budget`."""
+        """The batches of `plan` (each runs of rows of the units `found`, ordered by `orders`),
+        in order. Units are read ahead while those held fit `budget`; at least one batch is in
+        flight, more while the results expected of them fit it too. `where(runs)` names a
+        batch's row groups in an error."""
         self._check()
         self._generation += 1
-        generation = self._generation
-        self._wanted.value = generation
-        pending: collections.deque[tuple[int, Any, int]] = collections.deque()
-        waiting: tuple[pa.Table, Any] | None = None
-        sent = raw_held = result_bytes = 0
-        while True:
-            while len(pending) < _PER_WORKER * self.count:
-                if waiting is None:
-                    waiting = next(raw, None)
-                    if waiting is None:
+        self._wanted.value = self._generation
+        for doing in self._doing:
+            doing.clear()
+        it = _Iteration(self._generation, plan, found)
+        pending: collections.deque[int] = collections.deque()
+        sent = result_bytes = 0
+        try:
+            while True:
+                self._give_back()
+                self._read_ahead(it, orders, budget, sent)
+                while sent < len(plan) and len(pending) < _PER_WORKER * self.count:
+                    more = (len(pending) + 1) * result_bytes <= budget
+                    if (pending and not more) or not it.can_make(sent):
                         break
-                size = waiting[0].nbytes
-                ahead = raw_held + size + (len(pending) + 1) * result_bytes
-                if pending and ahead > budget:
-                    break
-                self._inputs[sent % self.count].put((generation, sent, _compact(waiting[0])))
-                pending.append((sent, waiting[1], size))
-                raw_held += size
-                sent += 1
-                waiting = None
-            if not pending:
+                    self._send_batch(it, sent, orders)
+                    pending.append(sent)
+                    sent += 1
+                if not pending:
+                    if sent == len(plan):
+                        return
+                    self._wait(it, where)  # for a unit of batch `sent`
+                    continue
+                step = pending[0]
+                while step not in it.results:
+                    self._wait(it, where)
+                pending.popleft()
+                arrays = it.results.pop(step)
+                result_bytes = max(result_bytes, _nbytes(arrays))
+                self._let_go(it, [u for u in it.units(step) if it.last[u] == step])
+                yield arrays
+        finally:
+            if not self._broken:
+                self._let_go(it, list(it.ready))
+
+    def _send(self, worker: int, message: tuple[Any, ...]) -> None:
+        self._inputs[worker].send(message)
+
+    def _read_ahead(self, it: _Iteration, orders: Sequence[Order], budget: int, step: int) -> None:
+        """Read the units batch `step` needs, then the next ones while they fit `budget`."""
+        needed = set(it.units(step)) if step < len(it.plan) else set()
+        while it.to_read:
+            u = it.to_read[0]
+            size = it.found[u].bytes
+            if u not in needed and it.held and it.held + size > budget:
                 return
-            step, origin, size = pending.popleft()
-            raw_held -= size
-            result = self._receive(step, generation, origin, where)
-            result_bytes = max(result_bytes, _nbytes(result))
-            yield result
+            worker = min(range(self.count), key=lambda w: len(self._doing[w]))
+            pieces = it.found[u].pieces
+            self._send(worker, (READ, it.generation, u, pieces, orders[u]))
+            self._doing[worker].append((it.generation, READ, u))
+            it.to_read.popleft()
+            it.held += size
+
+    def _send_batch(self, it: _Iteration, step: int, orders: Sequence[Order]) -> None:
+        worker = step % self.count
+        given, descriptors = [], []
+        for u in it.units(step):
+            if worker not in it.holders[u]:
+                descriptor, size = it.ready[u]._share_fd_cpu_()  # the segment's own: no copy
+                given.append((u, size, orders[u]))
+                descriptors.append(descriptor)
+                it.holders[u].add(worker)
+        if descriptors:  # passed beside the message, before it (no thread of the rank's serves
+            # them, as pickling a segment would start: multiprocessing's resource sharer)
+            socket.send_fds(self._descriptors[worker], [bytes([len(descriptors)])], descriptors)
+        self._send(worker, (BATCH, it.generation, step, it.plan[step], given))
+        self._doing[worker].append((it.generation, BATCH, step))
+
+    def _let_go(self, it: _Iteration, units: Sequence[int]) -> None:
+        """Units no batch of this iteration needs any more: unmapped here and in the workers."""
+        by_worker: dict[int, list[int]] = collections.defaultdict(list)
+        for u in units:
+            if it.ready.pop(u, None) is not None:
+                it.held -= it.found[u].bytes
+                for worker in it.holders.pop(u, ()):
+                    by_worker[worker].append(u)
+        for worker, dropped in by_worker.items():
+            with contextlib.suppress(OSError):  # a worker gone: it unmapped them with its end
+                self._send(worker, (DROP, it.generation, dropped))
+
+    def _give_back(self) -> None:
+        """Tell the workers which of their segments the loop let go (or no longer watched)."""
+        free, forget = self._borrower.released()
+        for kind, found in ((FREE, free), (FORGET, forget)):
+            for worker, numbers in found.items():
+                with contextlib.suppress(OSError):
+                    self._send(worker, (kind, numbers))
+
+    def _wait(self, it: _Iteration, where: Callable[[Sequence[Run]], str]) -> None:
+        """Take whatever the workers answered (waiting up to a poll's time for something)."""
+        ready = multiprocessing.connection.wait(self._outputs, timeout=_POLL_SECONDS)
+        if not ready:
+            for worker, process in enumerate(self._processes):
+                if not process.is_alive():
+                    self._died(worker, it, where)
+        for found in ready:
+            worker = next(i for i, c in enumerate(self._outputs) if c is found)
+            try:
+                message = self._outputs[worker].recv()
+            except (EOFError, OSError):  # its end of the pipe closed: it died
+                self._processes[worker].join(timeout=_POLL_SECONDS)
+                self._died(worker, it, where)
+            self._take(worker, message, it, where)
+
+    def _take(
+        self,
+        worker: int,
+        message: tuple[Any, ...],
+        it: _Iteration,
+        where: Callable[[Sequence[Run]], str],
+    ) -> None:
+        kind, generation, key, payload = message
+        with contextlib.suppress(ValueError):
+            self._doing[worker].remove((generation, kind if kind == BATCH else READ, key))
+        current = generation == it.generation
+        if isinstance(payload, Failure):
+            if not current:
+                return
+            what = f"making batch {key} from {where(it.plan[key])}"
+            if kind == UNIT:
+                what = f"reading {where([(key, 0, it.found[key].rows)])}"
+            raise LoaderWorkerError(
+                f"hora.data's loader worker {payload.worker} (pid {payload.pid}) raised while "
+                f"{what}:\n{payload.traceback}"
+            )
+        if kind == UNIT:
+            if current:
+                it.ready[key] = payload
+                it.holders[key].add(worker)
+            return
+        arrays = self._borrower.unpack(worker, payload)  # a stale batch's segment is freed next
+        if current:
+            it.results[key] = arrays
 
     def _check(self) -> None:
         if self._broken is not None:
             raise LoaderWorkerError(self._broken)
 
-    def _receive(
-        self, step: int, generation: int, origin: Any, where: Callable[[Any], str]
-    ) -> dict[str, Any]:
-        worker = step % self.count
-        process, outputs = self._processes[worker], self._outputs[worker]
-        while True:
-            try:
-                made, got, payload = outputs.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                if process.is_alive():
-                    continue
-                self._died(worker, step, where(origin))
-            except Exception:  # a dying worker's tensor, no longer there to fetch
-                process.join(timeout=_POLL_SECONDS)
-                if process.is_alive():
-                    raise
-                self._died(worker, step, where(origin))
-            if made != generation:
-                continue  # a batch of an iteration that was abandoned
-            assert got == step, (got, step)
-            if isinstance(payload, _Failure):
-                raise LoaderWorkerError(
-                    f"hora.data's loader worker {payload.worker} (pid {payload.pid}) raised "
-                    f"while making batch {step} from {where(origin)}:\n{payload.traceback}"
-                )
-            arrays, from_numpy = payload
-            return {k: v.numpy() if k in from_numpy else v for k, v in arrays.items()}
-
-    def _died(self, worker: int, step: int, where: str) -> NoReturn:
+    def _died(self, worker: int, it: _Iteration, where: Callable[[Sequence[Run]], str]) -> NoReturn:
         process = self._processes[worker]
+        doing = [d for d in self._doing[worker] if d[0] == it.generation]
+        what = "while idle"
+        if doing and doing[0][1] == BATCH:
+            what = f"while making batch {doing[0][2]} from {where(it.plan[doing[0][2]])}"
+        elif doing:
+            u = doing[0][2]
+            what = f"while reading {where([(u, 0, it.found[u].rows)])}"
         self._broken = (
             f"hora.data's loader worker {worker} (pid {process.pid}) died "
-            f"({_exit_reason(process.exitcode)}) while making batch {step} from {where}; the "
-            "loader's workers are gone (a killed worker is often the kernel's out-of-memory "
-            "killer: lower num_workers or prefetch, or num_workers=0 to make batches in the "
-            "training thread)"
+            f"({_exit_reason(process.exitcode)}) {what}; the loader's workers are gone (a "
+            "killed worker is often the kernel's out-of-memory killer: lower num_workers or "
+            "prefetch, or num_workers=0 to make batches in the training thread)"
         )
         self.close()
         raise LoaderWorkerError(self._broken)
@@ -190,29 +319,17 @@ class WorkerPool:
         self._wanted.value = -1
         for inputs, process in zip(self._inputs, self._processes, strict=True):
             if process.is_alive():
-                inputs.put(None)
+                with contextlib.suppress(OSError):
+                    inputs.send(None)
         for process in self._processes:
             process.join(timeout=2)
             if process.is_alive():
                 process.kill()
                 process.join()
-        for inputs, process in zip(self._inputs, self._processes, strict=True):
-            if process.exitcode:  # killed with batches unread: the rank reads them itself,
-                with contextlib.suppress(queue.Empty, OSError, EOFError):  # or its feeder
-                    while True:  # thread would wait on a full pipe for ever
-                        inputs.get(timeout=0.2)
-            inputs.close()  # the feeder thread ends once what it holds is in the pipe
-            inputs.join_thread()
-        for outputs in self._outputs:
-            outputs.close()
-
-
-def _compact(table: pa.Table) -> pa.Table:
-    """The table holding only its own rows: a batch is often a slice of a window, and pickling
-    a slice sends every buffer it points into (a window's 60 MB for a 2 MB batch of JPEGs)."""
-    if table.get_total_buffer_size() <= 2 * table.nbytes:
-        return table
-    return table.take(pa.array(np.arange(table.num_rows)))
+        for connection in self._inputs + self._outputs:
+            connection.close()
+        for end in self._descriptors:
+            end.close()
 
 
 def _exit_reason(code: int | None) -> str:
@@ -223,62 +340,3 @@ def _exit_reason(code: int | None) -> str:
 
 def _nbytes(arrays: dict[str, Any]) -> int:
     return sum(int(getattr(v, "nbytes", 0)) for v in arrays.values())
-
-
-def _work(
-    index: int,
-    inputs: Any,
-    outputs: Any,
-    payload: Any,
-    wanted: Any,
-    parent: int,
-) -> None:
-    """A worker's loop: make the batches it is given until told to stop or its rank is gone."""
-    import torch
-
-    torch.set_num_threads(1)  # K workers beside the rank: one core each (as DataLoader's)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle
-    outputs.cancel_join_thread()  # ending never waits on a pipe its dead rank no longer reads
-    make = payload
-    if isinstance(payload, bytes):
-        import cloudpickle
-
-        make = cloudpickle.loads(payload)
-    while True:
-        try:
-            task = inputs.get(timeout=_POLL_SECONDS)
-        except queue.Empty:
-            if os.getppid() != parent:
-                return  # the rank died: nothing will read what this worker makes
-            continue
-        if task is None:
-            return
-        generation, step, table = task
-        if generation != wanted.value:
-            continue  # its iteration was abandoned
-        try:
-            arrays = make(table)
-            shared = {k: _shared(torch, v) for k, v in arrays.items()}
-            from_numpy = {k for k, v in arrays.items() if shared[k] is not v}
-        except BaseException:
-            outputs.put((generation, step, _Failure(index, os.getpid(), traceback.format_exc())))
-            continue
-        outputs.put((generation, step, (shared, from_numpy)))
-
-
-def _shared(torch: Any, value: Any) -> Any:
-    """A numpy array as a tensor in shared memory (copied once, here, into a segment made for
-    it, which the rank maps); other values (tensors are shared by torch's pickling, lists
-    pickled) as they are."""
-    if not isinstance(value, np.ndarray) or value.dtype == object:
-        return value
-    try:
-        dtype = torch.from_numpy(np.empty(0, dtype=value.dtype)).dtype
-    except TypeError:  # a dtype torch has no tensor for: pickled as numpy
-        return value
-    # a new segment written once, as DataLoader's collate does: `empty().share_memory_()`
-    # would fill a private buffer first and copy it over, twice the page faults
-    storage = torch.UntypedStorage._new_shared(max(1, value.nbytes))
-    tensor = torch.empty(0, dtype=dtype).set_(storage, 0, value.shape)
-    tensor.numpy()[...] = value
-    return tensor
