@@ -215,50 +215,6 @@ def one_run(kind: str, df, rows: int, features: int, batch: int, workers: int, r
     }
 
 
-def slow_files(seconds: float):
-    """A local folder as a pyarrow filesystem whose every call first waits `seconds`: the round
-    trip an object store adds to each footer's read. What footers never call is refused."""
-    from pyarrow import fs
-
-    local = fs.LocalFileSystem()
-
-    def unused(self, *args):
-        raise NotImplementedError("not a footer's call")
-
-    class Handler(fs.FileSystemHandler):
-        create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = unused
-        delete_file = move = copy_file = open_output_stream = open_append_stream = unused
-
-        def __eq__(self, other):
-            return self is other
-
-        def __ne__(self, other):
-            return self is not other
-
-        def get_type_name(self):
-            return "slow"
-
-        def normalize_path(self, path):
-            return path
-
-        def get_file_info(self, paths):
-            time.sleep(seconds)
-            return local.get_file_info(paths)
-
-        def get_file_info_selector(self, selector):
-            time.sleep(seconds)
-            return local.get_file_info(selector)
-
-        def open_input_file(self, path):
-            time.sleep(seconds)
-            return local.open_input_file(path)
-
-        def open_input_stream(self, path):
-            return self.open_input_file(path)
-
-    return fs.PyFileSystem(Handler())
-
-
 def plan_many_files(count: int, latency_ms: float) -> None:
     """`count` small Parquet files (10 rows each): the time to plan them (`from_parquet`'s
     footers, a loader, the first epoch's order and units), its footers read one by one and in
@@ -269,6 +225,7 @@ def plan_many_files(count: int, latency_ms: float) -> None:
 
     import hora.data
     from hora.data import _footers
+    from tests.data._parquet import slow_files
 
     folder = Path(tempfile.mkdtemp(prefix="hora-bench-files-"))
     try:

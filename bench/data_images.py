@@ -1,6 +1,6 @@
-"""Rows/s of one rank (or of each of R ranks on one host), each batch made by one function: hora.data's
-loader with K workers against torch's DataLoader(num_workers=K) over the same row groups and
-Mosaic Streaming's StreamingDataLoader(num_workers=K) over the same rows in MDS.
+"""Rows/s of one rank (or of each of R ranks on one host), each batch made by one function:
+hora.data's loader with K workers against torch's DataLoader(num_workers=K) over the same row
+groups and Mosaic Streaming's StreamingDataLoader(num_workers=K) over the same rows in MDS.
 
 Two workloads (`--workload`), each written once to Parquet (row groups of `--group` rows) and,
 for Mosaic, to MDS:

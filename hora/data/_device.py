@@ -18,8 +18,9 @@ from typing import Any
 
 #: batches the thread makes ready ahead of the loop
 DEPTH = 2
-#: free page-locked buffers kept for the next batches
-KEEP_FREE = DEPTH + 2
+#: free page-locked buffers kept for the next batches (those of the batches in the queue, the
+#: one the thread fills, the loop's and the one it just let go, and a spare)
+KEEP_FREE = DEPTH + 3
 _ALIGN = 64
 _END = object()
 
@@ -59,6 +60,11 @@ class PinnedPool:
             return buffer
         self.made += 1
         return self._allocate(-(-max(1, nbytes) // (1 << 16)) * (1 << 16))
+
+    @property
+    def held(self) -> int:
+        """The buffers this pool holds now, lent or free."""
+        return len(self._free) + len(self._lent)
 
     def lend(self, buffer: Any, event: Any) -> None:
         self._lent.append((buffer, event))

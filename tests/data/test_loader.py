@@ -212,3 +212,47 @@ def test_a_store_that_is_not_one_place_is_refused(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match=r"store .* cannot be written"):
         Location.parse(tmp_path / "file" / "store").check_writable()
+
+
+def test_files_this_host_does_not_find_are_refused_before_any_batch(tmp_path):
+    """A loader checks that its host reaches every file (by listing the folder when there are
+    many), naming the host; the 2-host cluster refuses a path one host lacks
+    (tests/cluster/test_data_hosts.py)."""
+    import socket
+
+    from hora.data import _files
+
+    dataset = write_ids(tmp_path / "ids")
+    (tmp_path / "ids" / "part-1.parquet").unlink()
+    host = socket.gethostname()
+    for listed in (64, 1):  # a question per file, and one listing of the folder
+        _files._ASKED_ONE_BY_ONE = listed
+        try:
+            with pytest.raises(FileNotFoundError) as refused:
+                dataset.loader(8, columns=["id"], rank=1, size=2)
+        finally:
+            _files._ASKED_ONE_BY_ONE = 64
+        assert f"rank 1 on host {host!r} does not find 1 of the dataset's 3 files" in str(
+            refused.value
+        )
+        assert "'part-1.parquet'" in str(refused.value)
+
+
+def test_footers_of_remote_files_are_read_at_once(tmp_path):
+    """Footers behind a round trip (an object store's: here 20 ms a call) are read several at
+    a time, and come back in order, each file's or the error it raised."""
+    from hora.data import _footers
+    from tests.data._parquet import slow_files
+
+    write_ids(tmp_path / "ids", files=6)
+    paths = [str(tmp_path / "ids" / f"part-{f}.parquet") for f in range(6)]
+    paths.insert(3, str(tmp_path / "ids" / "none.parquet"))
+    calls: list[int] = []
+    found = _footers.read_footers(slow_files(0.02, calls), paths, ["id"])
+    assert max(calls) > 1, calls  # calls overlapped
+    assert isinstance(found[3], FileNotFoundError)
+    del paths[3], found[3]
+    from pyarrow import fs
+
+    assert found == _footers.read_footers(fs.LocalFileSystem(), paths, ["id"])  # one by one
+    assert [[rows for rows, _ in f.groups] for f in found] == [[32] * 6 + [8]] * 6

@@ -37,8 +37,9 @@ def images(tmp_path_factory):
 def world(dataset, size, workers, batch=8, **options):
     options.setdefault("columns", COLUMNS)
     options.setdefault("transform", decode)
+    options.setdefault("prefetch", 1 << 16)  # windows of one row group (~22 KB each)
     return [
-        dataset.loader(batch, rank=r, size=size, num_workers=workers, prefetch=1 << 16, **options)
+        dataset.loader(batch, rank=r, size=size, num_workers=workers, **options)
         for r in range(size)
     ]
 
@@ -52,9 +53,16 @@ def closed(loaders):
         loader.close()
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_workers_make_the_batches_the_training_thread_makes(images, shuffle):
-    plain, parallel = world(images, 2, 0, shuffle=shuffle), world(images, 2, 2, shuffle=shuffle)
+#: (shuffle, prefetch, batch): windows of one row group, batches of 24 KB (pickled back);
+#: windows of all 6 (shuffled) or units of 2 (file order), batches across units, of 90 KB
+#: (packed in the workers' shared-memory segments)
+BATCHES_CASES = [(False, 1 << 16, 8), (True, 1 << 16, 8), (False, 1 << 20, 30), (True, 1 << 20, 30)]
+
+
+@pytest.mark.parametrize(("shuffle", "prefetch", "batch"), BATCHES_CASES)
+def test_workers_make_the_batches_the_training_thread_makes(images, shuffle, prefetch, batch):
+    options = {"shuffle": shuffle, "prefetch": prefetch, "batch": batch}
+    plain, parallel = world(images, 2, 0, **options), world(images, 2, 2, **options)
     try:
         for epoch in range(2):
             for loader in plain + parallel:
@@ -146,7 +154,8 @@ def slow(batch):
 
 
 def test_a_killed_worker_fails_the_rank_and_ends_the_others(images):
-    (loader,) = world(images, 1, 2, transform=slow)
+    shm_before = set(os.listdir("/dev/shm"))
+    (loader,) = world(images, 1, 2, transform=slow, batch=30, prefetch=1 << 20)
     iterator = iter(loader)
     next(iterator)
     pids = loader.worker_pids
@@ -158,6 +167,39 @@ def test_a_killed_worker_fails_the_rank_and_ends_the_others(images):
     with pytest.raises(LoaderWorkerError, match="died"):
         next(iter(loader))  # and says so again, rather than hang
     loader.close()
+    assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+def torch_segments() -> set[str]:
+    """The torch shared-memory segments this process maps (their names, unlinked)."""
+    with open("/proc/self/maps") as maps:
+        return {line.split()[-2] for line in maps if "/torch_" in line and "(deleted)" in line}
+
+
+def test_batch_segments_are_reused_and_never_while_a_batch_holds_them(images):
+    """Batches of 90 KB come back in the workers' segments: 30 epochs map no more of them than
+    the first few did, and batches kept by the loop (not cloned) keep their values while
+    later epochs run."""
+    options = {"batch": 30, "prefetch": 1 << 20, "seed": 3}
+    (plain,) = world(images, 1, 0, **options)
+    (loader,) = world(images, 1, 2, **options)
+    try:
+        plain.set_epoch(0)
+        want = batches(plain)
+        loader.set_epoch(0)
+        kept = list(loader)  # the loader's own tensors, held across the epochs below
+        for epoch in range(1, 31):
+            loader.set_epoch(epoch)
+            for _ in loader:
+                pass
+            if epoch == 5:
+                after_five = torch_segments()
+        assert torch_segments() <= after_five, "segments grew after epoch 5"
+        assert len(after_five) <= 2 * 6, after_five  # per worker: in flight, held, kept free
+        for x, y in zip(want, kept, strict=True):
+            assert all(torch.equal(x[k], y[k]) for k in x)
+    finally:
+        loader.close()
 
 
 def test_workers_end_with_their_rank_and_leave_no_shared_memory(images):
