@@ -21,9 +21,11 @@ import io
 import os
 import pickle
 import queue
+import selectors
 import socket
 import struct
 import threading
+import time
 from collections.abc import Collection
 from typing import Any
 
@@ -124,13 +126,17 @@ def _mac(secret: bytes, role: bytes, nonce: bytes) -> bytes:
 def authenticate_as_server(sock: socket.socket, secret: bytes) -> None:
     nonce = os.urandom(_NONCE)
     send_frame(sock, nonce)
-    reply = recv_frame(sock, limit=_HANDSHAKE_FRAME)
+    send_frame(sock, _server_answer(secret, nonce, recv_frame(sock, limit=_HANDSHAKE_FRAME)))
+
+
+def _server_answer(secret: bytes, nonce: bytes, reply: bytes) -> bytes:
+    """The server's proof, once the client's `reply` to the challenge `nonce` proved its own."""
     their_mac, their_nonce = reply[:_NONCE], reply[_NONCE:]
     if len(their_nonce) != _NONCE or not hmac.compare_digest(
         their_mac, _mac(secret, b"client", nonce)
     ):
         raise AuthenticationFailed("a peer failed to prove it holds the shared secret")
-    send_frame(sock, _mac(secret, b"server", their_nonce))
+    return _mac(secret, b"server", their_nonce)
 
 
 def authenticate_as_client(sock: socket.socket, secret: bytes, server: str = "the server") -> None:
@@ -153,6 +159,10 @@ class Connection:
         self._allowed = allowed
         self._send_lock = threading.Lock()
         self.peer: Any = None  # set by the owner (for example the rank on the other end)
+        #: `time.monotonic()` when a frame last came from the peer (a `Server` sets it)
+        self.heard_at = time.monotonic()
+        #: a `Server`'s connection is closed by its reading thread, which hears the shutdown
+        self._closed_by_reader = False
 
     def send(self, message: Any) -> None:
         payload = pack(message)
@@ -170,7 +180,8 @@ class Connection:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
-        self._sock.close()
+        if not self._closed_by_reader:
+            self._sock.close()
 
 
 def connect(
@@ -191,80 +202,173 @@ def connect(
     return Connection(sock, allowed)
 
 
+_BACKLOG = 4096  # a thousand ranks dial at once: a short queue would drop SYNs (1-3 s retries)
+_READ = 1 << 16
+_GATHER_SECONDS = 0.005  # after a wake-up, how long the frames that follow gather
+
+
+class _Peer:
+    """One accepted socket as the server's thread reads it: its bytes so far, and whether it
+    has proved it holds the secret (until then, the nonce it was challenged with)."""
+
+    def __init__(self, sock: socket.socket, allowed: Collection[AllowedClass], deadline: float):
+        self.sock = sock
+        self.conn = Connection(sock, allowed)
+        self.conn._closed_by_reader = True
+        self.buffer = bytearray()
+        self.nonce: bytes | None = os.urandom(_NONCE)  # None once authenticated
+        self.deadline = deadline
+
+
 class Server:
     """Accepts authenticated connections and puts `(connection, message)` pairs on `inbox`.
 
-    A closed connection is reported as `(connection, None)`. Every thread it starts is joined by
-    `close()`, so a notebook running a hundred jobs leaks no threads, sockets or ports.
+    One thread serves every connection (a selector over the sockets): a thousand ranks cost one
+    thread, not a thousand, and their frames are read a few milliseconds' worth at a time. A
+    closed connection is reported as `(connection, None)`; a peer that fails the handshake is
+    dropped unheard. Every frame sets its connection's `heard_at`; a message of a `quiet` type
+    (a heartbeat) does nothing else. `close()` joins the thread, so a notebook running a
+    hundred jobs leaks no threads, sockets or ports.
     """
 
     def __init__(
         self,
         secret: bytes,
-        inbox: queue.Queue,
+        inbox: queue.Queue | queue.SimpleQueue,
         allowed: Collection[AllowedClass],
         host: str = "127.0.0.1",
+        quiet: tuple[type, ...] = (),
     ):
         self._secret = secret
         self._inbox = inbox
         self._allowed = allowed
-        self._listener = socket.create_server((host, 0), backlog=128)
-        self._listener.settimeout(0.5)
+        self._quiet = quiet  # message types that only say the peer is there (`heard_at`)
+        self._listener = socket.create_server((host, 0), backlog=_BACKLOG)
+        self._listener.setblocking(False)
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._closed = threading.Event()
-        self._lock = threading.Lock()
-        self._connections: list[Connection] = []
-        self._threads: list[threading.Thread] = []
-        self._start(self._accept_loop, "hora-accept")
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._wake_r)
+        self._peers: dict[socket.socket, _Peer] = {}
+        self._handshaking: dict[socket.socket, _Peer] = {}  # (their deadlines, looked at often)
+        self._thread = threading.Thread(target=self._loop, name="hora-channel", daemon=True)
+        self._thread.start()
 
-    def _start(self, target: Any, name: str, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
-        with self._lock:
-            self._threads.append(thread)
-        thread.start()
+    def _loop(self) -> None:
+        try:
+            while not self._closed.is_set():
+                ready = self._selector.select(self._next_deadline())
+                for key, _ in ready:
+                    if key.data is None:
+                        self._accept()
+                    elif isinstance(key.data, _Peer):
+                        self._read(key.data)
+                if self._handshaking:
+                    self._drop_slow_handshakes()
+                elif ready:  # a thousand ranks' frames come in few wake-ups, not one each
+                    time.sleep(_GATHER_SECONDS)
+        finally:
+            for peer in list(self._peers.values()):
+                self._forget(peer)
+            self._selector.close()
+            self._listener.close()
+            self._wake_r.close()
+            self._wake_w.close()
 
-    def _accept_loop(self) -> None:
-        while not self._closed.is_set():
+    def _accept(self) -> None:
+        deadline = time.monotonic() + _HANDSHAKE_TIMEOUT
+        while True:
             try:
                 sock, _ = self._listener.accept()
-            except TimeoutError:
-                continue
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError:
                 return
+            sock.setblocking(True)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = Connection(sock, self._allowed)
-            with self._lock:
-                if self._closed.is_set():
-                    conn.close()
-                    return
-                self._connections.append(conn)
-            self._start(self._serve, "hora-channel", conn, sock)
+            peer = _Peer(sock, self._allowed, deadline)
+            try:
+                send_frame(sock, peer.nonce or b"")  # the challenge: a fresh socket takes it whole
+            except OSError:
+                sock.close()
+                continue
+            self._peers[sock] = self._handshaking[sock] = peer
+            self._selector.register(sock, selectors.EVENT_READ, peer)
 
-    def _serve(self, conn: Connection, sock: socket.socket) -> None:
+    def _read(self, peer: _Peer) -> None:
         try:
-            sock.settimeout(_HANDSHAKE_TIMEOUT)
-            authenticate_as_server(sock, self._secret)
-            sock.settimeout(None)
-        except (OSError, AuthenticationFailed, struct.error):
-            conn.close()  # never reported: an unauthenticated peer gets nothing and says nothing
+            chunk = peer.sock.recv(_READ)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(peer)
             return
+        peer.buffer += chunk
+        peer.conn.heard_at = time.monotonic()
         try:
-            while True:
-                self._inbox.put((conn, conn.recv()))
-        except Exception:  # closed, reset, garbled or forbidden: the connection is over
-            pass
-        conn.close()  # a peer that sent a forbidden frame hears nothing more either
-        self._inbox.put((conn, None))
+            while (payload := _frame(peer.buffer, peer.nonce is not None)) is not None:
+                if peer.nonce is not None:
+                    self._answer(peer, payload)
+                elif not isinstance(message := loads(payload, self._allowed), self._quiet):
+                    self._inbox.put((peer.conn, message))
+        except Exception:  # garbled, forbidden or unauthenticated: the connection is over
+            self._drop(peer)
+
+    def _answer(self, peer: _Peer, reply: bytes) -> None:
+        """The client's answer to the challenge and its own; then it is one of the star's."""
+        assert peer.nonce is not None
+        send_frame(peer.sock, _server_answer(self._secret, peer.nonce, reply))
+        peer.nonce = None
+        del self._handshaking[peer.sock]
+
+    def _drop(self, peer: _Peer) -> None:
+        """The connection is over: said as `(connection, None)` once it had authenticated
+        (a peer that sent a forbidden frame hears nothing more either)."""
+        self._forget(peer)
+        if peer.nonce is None and not self._closed.is_set():
+            self._inbox.put((peer.conn, None))
+
+    def _forget(self, peer: _Peer) -> None:
+        self._peers.pop(peer.sock, None)
+        self._handshaking.pop(peer.sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(peer.sock)
+        with contextlib.suppress(OSError):
+            peer.sock.shutdown(socket.SHUT_RDWR)
+        peer.sock.close()
+
+    def _next_deadline(self) -> float | None:
+        """Until the first handshake under way runs out of time (None: none is)."""
+        if not self._handshaking:
+            return None
+        return max(0.0, min(p.deadline for p in self._handshaking.values()) - time.monotonic())
+
+    def _drop_slow_handshakes(self) -> None:
+        now = time.monotonic()
+        for peer in [p for p in self._handshaking.values() if p.deadline < now]:
+            self._forget(peer)
 
     def close(self) -> None:
         self._closed.set()
         with contextlib.suppress(OSError):
-            self._listener.shutdown(socket.SHUT_RDWR)
-        self._listener.close()
-        with self._lock:
-            connections, threads = list(self._connections), list(self._threads)
-        for conn in connections:
-            conn.close()
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=5)
+            self._wake_w.send(b"x")
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+def _frame(buffer: bytearray, handshake: bool) -> bytes | None:
+    """The first whole frame, taken off the front of `buffer` (None: not all here yet); during a
+    handshake, a frame longer than its answer is refused unread."""
+    if len(buffer) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack_from(buffer)
+    if handshake and size > _HANDSHAKE_FRAME:
+        raise AuthenticationFailed(f"oversized frame ({size} bytes) during the handshake")
+    end = _HEADER.size + size
+    if len(buffer) < end:
+        return None
+    payload = bytes(buffer[_HEADER.size : end])
+    del buffer[:end]
+    return payload

@@ -8,11 +8,12 @@ import queue
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
 from hora.wire import channel as _channel
-from hora.wire.protocol import ALLOWED
+from hora.wire.protocol import ALLOWED, Heartbeat, Hello, Output
 
 
 class Boom:
@@ -97,3 +98,34 @@ def test_a_worker_refuses_a_driver_without_the_secret():
         _channel.connect(listener.getsockname(), _channel.new_secret(), ALLOWED)
     thread.join(timeout=5)
     listener.close()
+
+
+def test_one_thread_serves_many_connections_and_a_quiet_message_only_says_it_came():
+    """A hundred peers cost the server one thread; a heartbeat (a `quiet` type) is not queued,
+    it only moves its connection's `heard_at`; a close from the driver's side is reported."""
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+    secret = _channel.new_secret()
+    srv = _channel.Server(secret, inbox, ALLOWED, quiet=(Heartbeat,))
+    threads = threading.active_count()
+    try:
+        peers = [_channel.connect(srv.address, secret, ALLOWED) for _ in range(100)]
+        assert threading.active_count() == threads
+        for rank, peer in enumerate(peers):
+            peer.send(Hello(rank, 0, "h"))
+        served = {msg.rank: conn for conn, msg in (inbox.get(timeout=5) for _ in peers)}
+        assert sorted(served) == list(range(100))
+        before = served[7].heard_at
+        time.sleep(0.01)
+        peers[7].send(Heartbeat(7))
+        peers[7].send(Output(7, "stdout", "after the beat"))
+        conn, message = inbox.get(timeout=5)
+        assert message == Output(7, "stdout", "after the beat") and conn is served[7]
+        assert conn.heard_at > before
+        conn.close()  # the driver hangs up: the peer and the inbox hear of it
+        assert inbox.get(timeout=5) == (conn, None)
+        with pytest.raises(_channel.ChannelClosed):
+            peers[7].recv()
+        for peer in peers:
+            peer.close()
+    finally:
+        srv.close()
