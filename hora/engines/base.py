@@ -65,7 +65,8 @@ class LaunchContext:
 
     address: tuple[str, int]  # the driver's channel
     secret: bytes
-    events: queue.Queue  # a launcher reports Output, Exited and EngineFailed messages here
+    #: a launcher reports Output, Exited and EngineFailed messages here
+    events: queue.SimpleQueue | queue.Queue
     #: the engine's rank-side setup ("module:function", `Engine.rank_setup`), or ""
     rank_setup: str = ""
 

@@ -122,3 +122,16 @@ class FreeSlots:
             self._since = now
         self.fired = now - self._since >= self.steady
         return self.fired
+
+
+def resumed(commit: int, size: int, known_commit: int) -> str:
+    """What the driver says when an attempt's rank 0 restored commit `commit` (made by `size`
+    ranks), the newest it knows of being `known_commit`."""
+    made = f"{size} rank{'s' if size != 1 else ''}"
+    said = f"the ranks resumed from commit {commit} (made by {made})"
+    if commit < known_commit:  # the newest commit's hosts are not this attempt's
+        said += (
+            f", not from commit {known_commit}: no host of this attempt holds it (commits live "
+            f"on the hosts that made them), so the steps after commit {commit} are trained again"
+        )
+    return said

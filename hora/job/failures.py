@@ -3,9 +3,11 @@ output, what failed after it; the rank's own traceback as the error's cause, so 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from hora.engines.process import describe_exit
 from hora.errors import RankTraceback, RunTimeoutError, WorkerFailedError
 
 
@@ -23,6 +25,18 @@ class Failure:
 
     def headline(self) -> str:
         return f"{self.subject or f'rank {self.rank} failed'}: {self.summary}"
+
+
+def exit_failure(rank: int, code: int, unfinished: bool, drained: bool) -> Failure | None:
+    """How a rank's process ending with `code` before a word of its own fails the attempt: a
+    non-zero code always; a clean one without the rank's last word (`unfinished`), once its
+    channel has drained (a result still in flight arrives before the channel's close)."""
+    if code != 0:
+        return Failure(rank, describe_exit(code), "", False, time.time())
+    if unfinished and drained:
+        said = "exited with status 0 before returning a result (os._exit?)"
+        return Failure(rank, said, "", False, time.time())
+    return None
 
 
 def story(

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from hora.engines import LaunchContext, Launcher
 from hora.wire import channel
-from hora.wire.protocol import ALLOWED
+from hora.wire.protocol import ALLOWED, Heartbeat
 
 
 class WorkerGroup:
@@ -25,7 +25,7 @@ class WorkerGroup:
     def __init__(self, launcher: Launcher, rank_setup: str | None = None):
         self.launcher = launcher
         self.rank_setup = rank_setup or ""
-        self.events: queue.Queue = queue.Queue()
+        self.events: queue.SimpleQueue = queue.SimpleQueue()  # (C: cheap for a thousand ranks)
         self._server: channel.Server | None = None
 
     @property
@@ -60,7 +60,9 @@ class WorkerGroup:
 
     def start(self) -> None:
         secret = channel.new_secret()
-        self._server = channel.Server(secret, self.events, ALLOWED, host=self.launcher.channel_host)
+        host = self.launcher.channel_host
+        # a heartbeat only says its rank is there: its connection's `heard_at` keeps that
+        self._server = channel.Server(secret, self.events, ALLOWED, host, quiet=(Heartbeat,))
         address = self._server.address
         self.launcher.start(LaunchContext(address, secret, self.events, self.rank_setup))
 

@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from hora.engines.process import describe_exit
 from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.job import in_place
 from hora.job.callbacks import AttemptState, MonitorCallback
-from hora.job.elastic import AttemptResized
-from hora.job.failures import Failure, not_started, past_timeout, story
+from hora.job.elastic import AttemptResized, resumed
+from hora.job.failures import Failure, exit_failure, not_started, past_timeout, story
 from hora.job.silence import silence_seconds, silent
 from hora.job.stacks import StackRequest, take_request
 from hora.job.world import Phase, Restart, World
@@ -33,6 +32,7 @@ from hora.wire.protocol import (
     EngineFailed,
     Error,
     Exited,
+    Heartbeat,
     Hello,
     Metrics,
     Output,
@@ -54,7 +54,8 @@ EXIT_GRACE_SECONDS = 10.0  # after every result is in, how long ranks get to exi
 class Group(Protocol):
     """What the monitor needs of a worker group (a real `WorkerGroup`, or a test's fake)."""
 
-    events: queue.Queue
+    @property
+    def events(self) -> queue.SimpleQueue | queue.Queue: ...
 
     @property
     def multi_host(self) -> bool: ...
@@ -73,6 +74,10 @@ class Limits:
 
 
 _LIFECYCLE = (Hello, Result, Error, Exited, EngineFailed)
+#: what may end a rank's part in the attempt: the loop turns at once after it
+_ENDS_A_PART = (Result, Error, Exited, EngineFailed, Resized)
+TICK_SECONDS = 0.05
+SILENCE_POLL_SECONDS = 0.25
 
 
 class Monitor:
@@ -107,6 +112,7 @@ class Monitor:
         self.asked_by_user: StackRequest | None = None  # printed once answered, the run goes on
         self.last_heard: dict[int, float] = {}  # rank -> time.monotonic() of its last message
         self.silence_s = silence_seconds()
+        self._silence_looked = 0.0
         self.resized: dict[int, int] = {}  # rank -> the commit it stopped at, to grow
         self.known_commit = known_commit  # the newest commit of the run the driver knows of
         #: its ranks by process, re-formed in place where the engine can (`in_place_min_np`:
@@ -147,25 +153,38 @@ class Monitor:
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
+        """Every message handled as it comes; a turn (silence, state, ticks, the end, limits)
+        every TICK_SECONDS and after a message that may end a rank's part: not per message."""
         start_deadline = time.monotonic() + limits.start_timeout
         self.start_timeout = self.world.confirm_wait = limits.start_timeout
         self._all_done_at: float | None = None
+        next_turn = 0.0
         while True:
             now = time.monotonic()
-            self._serve_user_dump()
-            self._note_silent_ranks(now)
-            self._enter(self._judged())
-            for callback in self.callbacks:
-                callback.on_tick(self, now)
-            if self._finished_attempt(now):
-                self._enter(AttemptState.SUCCEEDED)
-                return self.results
-            self._check_limits(limits, start_deadline, now)
+            if now >= next_turn:
+                if self._turn(now, limits, start_deadline):
+                    self._enter(AttemptState.SUCCEEDED)
+                    return self.results
+                next_turn = now + TICK_SECONDS
             try:
-                conn, message = self.group.events.get(timeout=0.05)
+                conn, message = self.group.events.get(timeout=max(0.0, next_turn - now))
             except queue.Empty:
                 continue
             self.handle(conn, message)
+            if message is None or isinstance(message, _ENDS_A_PART):
+                next_turn = 0.0
+
+    def _turn(self, now: float, limits: Limits, start_deadline: float) -> bool:
+        """One turn of the loop; True once the attempt succeeded."""
+        self._serve_user_dump()
+        self._note_silent_ranks(now)
+        self._enter(self._judged())
+        for callback in self.callbacks:
+            callback.on_tick(self, now)
+        if self._finished_attempt(now):
+            return True
+        self._check_limits(limits, start_deadline, now)
+        return False
 
     def _finished_attempt(self, now: float) -> bool:
         """Every rank returned (and exited, or had its grace to): True. A failure raises its
@@ -252,6 +271,8 @@ class Monitor:
             if peer is None:
                 return  # a rank lost before its world was re-formed in place
             self.last_heard[peer] = time.monotonic()
+        if isinstance(message, Heartbeat):
+            return  # heard: that is all it says
         if isinstance(message, Hello):
             assert conn is not None  # a hello only ever arrives on a worker's channel
             self._hello(conn, message.rank, message.host)
@@ -299,7 +320,8 @@ class Monitor:
                 self.resized[rank] = commit
                 return
             case Resumed(commit=commit, size=size):
-                print(f"hora: {self._resumed(commit, size)}", file=sys.stderr, flush=True)
+                said = resumed(commit, size, self.known_commit)
+                print(f"hora: {said}", file=sys.stderr, flush=True)
             case Stacks(rank=rank, text=text):
                 for request in (self.dump, self.asked_by_user):
                     if request is not None:
@@ -307,17 +329,6 @@ class Monitor:
                 return
         for callback in self.callbacks:
             callback.on_report(message)
-
-    def _resumed(self, commit: int, size: int) -> str:
-        made = f"{size} rank{'s' if size != 1 else ''}"
-        said = f"the ranks resumed from commit {commit} (made by {made})"
-        if commit < self.known_commit:  # the newest commit's hosts are not this attempt's
-            said += (
-                f", not from commit {self.known_commit}: no host of this attempt holds it "
-                f"(commits live on the hosts that made them), so the steps after commit {commit} "
-                "are trained again"
-            )
-        return said
 
     def _closed(self, rank: int | None) -> None:
         if rank is not None:
@@ -351,7 +362,11 @@ class Monitor:
 
     def _note_silent_ranks(self, now: float) -> None:
         """A running rank not heard from for the silence time fails the attempt, naming its
-        host: a cut-off host's ranks would otherwise wait in their collectives for ever."""
+        host: a cut-off host's ranks would otherwise wait in their collectives for ever.
+        Looked at every SILENCE_POLL_SECONDS: the look is at every rank."""
+        if now < self._silence_looked + SILENCE_POLL_SECONDS:
+            return
+        self._silence_looked = now
         for rank, failure in silent(self, now, self.silence_s, self._finished).items():
             self.failures[rank] = failure  # said now: the engine's stop may take seconds more
             print(f"hora: {failure.headline()}; stopping the attempt", file=sys.stderr, flush=True)
@@ -409,22 +424,11 @@ class Monitor:
         self.exits[rank] = code
         if self.stopping or rank in self.failures:
             return
-        if code != 0:
-            self.failures[rank] = Failure(rank, describe_exit(code), "", False, time.time())
-        elif (
-            rank not in self.results
-            and rank not in self.resized
-            and (rank in self.closed or rank not in self.started)
-        ):
-            # A result still in flight on the channel arrives before the channel's close, so a
-            # clean exit without a result is judged only once the channel has drained.
-            self.failures[rank] = Failure(
-                rank,
-                "exited with status 0 before returning a result (os._exit?)",
-                "",
-                False,
-                time.time(),
-            )
+        unfinished = rank not in self.results and rank not in self.resized
+        drained = rank in self.closed or rank not in self.started
+        failure = exit_failure(rank, code, unfinished, drained)
+        if failure is not None:
+            self.failures[rank] = failure
 
     def drain(self) -> None:
         """After the group stopped: print what was said before; nothing is lost at exit."""

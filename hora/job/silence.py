@@ -9,21 +9,26 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from hora.job.failures import Failure
+from hora.wire.channel import Connection
 
 SILENCE_VAR = "HORA_HEARTBEAT_TIMEOUT_SECONDS"
 DEFAULT_SILENCE_SECONDS = 30.0
 
 
 class Heard(Protocol):
-    """What of the monitor the silence is judged from."""
+    """What of the monitor the silence is judged from: when it handled a rank's last message,
+    and when its channel last carried one (a heartbeat goes no further)."""
 
     last_heard: dict[int, float]
     failures: dict[int, Failure]
     started: dict[int, str]
+
+    @property
+    def connections(self) -> Mapping[int, Connection]: ...
 
 
 def silent(
@@ -34,8 +39,10 @@ def silent(
     found: dict[int, Failure] = {}
     if not silence_s:
         return found
+    connections = heard.connections
     for rank, when in heard.last_heard.items():
-        quiet = now - when
+        conn = connections.get(rank)
+        quiet = now - (when if conn is None else max(when, conn.heard_at))
         if quiet < silence_s or rank in heard.failures or finished(rank):
             continue
         host = heard.started.get(rank, "?")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Phase(enum.Enum):
@@ -117,6 +117,9 @@ class World:
     #: the world ordered and not yet confirmed by its rank 0: (generation, before, why, since)
     pending: tuple[int, int, str, float] | None = None
     next_id: int = 0
+    #: id -> rank now, for `rank_of` on every message (rebuilt when members or joiners change)
+    _ranks: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+    _indexed: tuple[Any, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.members = self.members or list(range(self.np))
@@ -131,11 +134,20 @@ class World:
         """The rank now of process `pid` (a joiner's after the members); None once gone."""
         if pid in self.gone:
             return None
-        if pid in self.members:
-            return self.members.index(pid)
-        if pid in self.joiners:
-            return len(self.members) + self.joiners.index(pid)
-        return None
+        members, joiners = self.members, self.joiners
+        now = (members, joiners, len(members), len(joiners))  # the lists held: no reused id
+        held = self._indexed
+        if (
+            len(held) != 4
+            or held[0] is not members
+            or held[1] is not joiners
+            or held[2:] != now[2:]
+        ):
+            self._ranks = {m: r for r, m in enumerate(members)}
+            for i, j in enumerate(joiners):
+                self._ranks.setdefault(j, len(members) + i)
+            self._indexed = now
+        return self._ranks.get(pid)
 
     def id_of(self, rank: int) -> int:
         """The process that is rank `rank` now."""

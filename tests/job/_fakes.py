@@ -18,6 +18,7 @@ class FakeConnection:
     def __init__(self) -> None:
         self.peer = None
         self.sent: list[object] = []
+        self.heard_at = 0.0  # a real channel's: when a frame last came (the monitor's own count)
 
     def send(self, message: object) -> None:
         self.sent.append(message)
