@@ -8,10 +8,16 @@ to grow a running world (it has the generation in its environment) says so to th
 commit where they re-form, which may be a while (one commit interval), longer than the group's
 own timeout should be.
 
-Before the group itself is made, every rank of a re-formed world marks itself present under the
-prefix and waits for all the others, a few milliseconds at a time: a rank lost meanwhile would
-leave torch's rendezvous waiting for ever, so while it waits a rank reads the driver's newer
-word (a world without the lost rank, `Superseded`) and re-forms that one instead.
+Before the group itself is made, every rank of a re-formed world marks itself present and waits
+for all the others: a rank lost meanwhile would leave torch's rendezvous waiting for ever, so a
+rank that hears the driver's newer word (a world without the lost rank) re-forms that one
+instead (`Superseded`). The barrier costs each rank the same few store operations whatever the
+world's size: one counter (`store.add`), one blocking wait for the key the last rank to arrive
+sets, one read of it; the first rank to hear of a newer world sets that key too, from its
+channel's thread, and every rank blocked in the wait goes on at once. Past the barrier, torch's
+own rendezvous (gloo's) waits on the store for every rank's address: there the store the group
+is made with gives way to the driver's newer word too (`_Released`), so the survivors of a rank
+lost in that window re-form without it at once, not after gloo's timeout.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -33,6 +40,11 @@ OPEN_KEY = "open"  # set by the running ranks of a world re-formed in place as t
 #: how long a new rank waits for the running ones to reach their commit; the driver stops it
 #: sooner when the attempt ends without them
 JOIN_WAIT = timedelta(days=1)
+PRESENT_KEY = "present"  # how many ranks of the world marked themselves present (store.add)
+#: "all" once the last rank arrived; "superseded" once a rank heard of a newer world first
+GATHERED_KEY = "gathered"
+ALL, SUPERSEDED = "all", "superseded"
+#: how often torch's rendezvous, waiting for a rank's key, looks for the driver's newer word
 PRESENT_POLL_SECONDS = 0.02
 
 
@@ -90,7 +102,7 @@ def _make_default_group(here: RankEnvironment, wait: timedelta, opening: bool) -
     assert rank is not None and size is not None
     if not here.generation:
         if _first_world_may_re_form(here):  # lost ranks' survivors may still hear of a smaller
-            _all_present(_store(here, 0, wait), rank, size, 0, wait)
+            _all_present(_store(here, 0, wait), rank, size, 0, wait, _waker(here, 0))
         _formed(0)
         dist.init_process_group(
             default_transports(), init_method="env://", rank=rank, world_size=size
@@ -104,10 +116,12 @@ def _make_default_group(here: RankEnvironment, wait: timedelta, opening: bool) -
         if driver is not None:
             driver.send(Joining(driver.rank))
         store.wait([OPEN_KEY], JOIN_WAIT)
-    _all_present(store, rank, size, here.generation, wait)
+    _all_present(store, rank, size, here.generation, wait, _waker(here, here.generation))
     _formed(here.generation)
+    global _group_store
+    _group_store = _Released(store, here.generation, wait)  # (its Python half must outlive it)
     dist.init_process_group(
-        default_transports(), store=store, rank=rank, world_size=size, timeout=wait
+        default_transports(), store=_group_store, rank=rank, world_size=size, timeout=wait
     )
 
 
@@ -135,18 +149,112 @@ def _formed(generation: int) -> None:
             driver.send(Formed(driver.rank, generation))
 
 
-def _all_present(store: dist.Store, rank: int, size: int, generation: int, wait: timedelta) -> None:
+def _waker(here: RankEnvironment, generation: int) -> Callable[[], None]:
+    """What says, on a store client of its own (the rank's own is blocked in the barrier's
+    wait), that the world of `generation` will never gather: a newer one was ordered."""
+
+    def wake() -> None:
+        store = _store(here, generation, timedelta(seconds=WAKE_SECONDS))
+        store.compare_set(GATHERED_KEY, "", SUPERSEDED)
+
+    return wake
+
+
+WAKE_SECONDS = 10.0
+
+
+def _all_present(
+    store: dist.Store,
+    rank: int,
+    size: int,
+    generation: int,
+    wait: timedelta,
+    wake: Callable[[], None] | None = None,
+) -> None:
     """Mark this rank present and wait until every rank of the world is; raise `Superseded`
-    when the driver orders a newer world meanwhile (a rank of this one was lost)."""
-    store.set(f"present/{rank}", "1")
-    keys = [f"present/{r}" for r in range(size)]
-    deadline = time.monotonic() + wait.total_seconds()
-    while not store.check(keys):
-        newer = link.wait_reform(generation, PRESENT_POLL_SECONDS)
+    when the driver orders a newer world meanwhile (a rank of this one was lost). `wake` says
+    so to every rank waiting here, from the channel's thread (None: this rank learns it only
+    when the wait ends)."""
+
+    def newer_ordered(order: Reform) -> None:
+        if order.generation > generation and wake is not None:
+            wake()
+
+    began = time.monotonic()
+    with link.watching_reforms(newer_ordered):
+        newer = link.wait_reform(generation, 0)
         if newer is not None:
             raise Superseded(newer)
-        if time.monotonic() > deadline:
-            raise RuntimeError(
-                f"the world re-formed in place as generation {generation} did not gather its "
-                f"{size} ranks within {wait.total_seconds():g} s"
-            )
+        if store.add(PRESENT_KEY, 1) >= size:  # the last to arrive
+            store.compare_set(GATHERED_KEY, "", ALL)
+        try:
+            store.wait([GATHERED_KEY], wait)
+            gathered = store.get(GATHERED_KEY) == ALL.encode()
+        except dist.DistStoreError:
+            gathered = False
+    if gathered:
+        return
+    left = max(0.0, wait.total_seconds() - (time.monotonic() - began))
+    newer = link.wait_reform(generation, left)
+    if newer is not None:
+        raise Superseded(newer)
+    raise RuntimeError(
+        f"the world re-formed in place as generation {generation} did not gather its "
+        f"{size} ranks within {wait.total_seconds():g} s"
+    )
+
+
+#: the store of the default group made last: torch holds it from C++, where a store written in
+#: Python loses its methods once Python holds it no more ("Not implemented" in new_group)
+_group_store: _Released | None = None
+
+
+class _Released(dist.Store):
+    """The store a re-formed world's group is made with: `wait` and `get` give way to the
+    driver's newer word (`Superseded`, raised through torch's rendezvous) while a key is
+    missing, polling the store every PRESENT_POLL_SECONDS only then; the rest goes through."""
+
+    def __init__(self, store: dist.Store, generation: int, timeout: timedelta) -> None:
+        super().__init__()
+        self._store = store
+        self._generation = generation
+        self._timeout = timeout
+
+    def _until_set(self, keys: list[str], timeout: timedelta | None) -> None:
+        limit = (timeout or self._timeout).total_seconds()
+        deadline = time.monotonic() + limit
+        while not self._store.check(keys):
+            newer = link.wait_reform(self._generation, PRESENT_POLL_SECONDS)
+            if newer is not None:
+                raise Superseded(newer)
+            if time.monotonic() > deadline:
+                raise dist.DistStoreError(f"wait timeout after {limit:g} s, keys: {keys}")
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._until_set(keys, timeout)
+
+    def get(self, key: str) -> bytes:
+        self._until_set([key], None)
+        return self._store.get(key)
+
+    def set(self, key: str, value: str) -> None:
+        self._store.set(key, value)
+
+    def add(self, key: str, value: int) -> int:
+        return self._store.add(key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        return self._store.check(keys)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return self._store.compare_set(key, expected, desired)
+
+    def delete_key(self, key: str) -> bool:
+        return self._store.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self._store.num_keys()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout
+        self._store.set_timeout(timeout)

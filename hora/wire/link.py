@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import hmac
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from hora.wire.channel import Connection
@@ -55,6 +55,8 @@ class DriverLink:
         #: the driver's latest word to re-form the world in place (`Reform`), and when it came
         self._reform: Reform | None = None
         self._reform_came = threading.Condition()
+        #: told of each `Reform` as it comes, on the channel's thread (`watching_reforms`)
+        self._reform_watchers: list[Callable[[Reform], None]] = []
 
     def send(
         self,
@@ -92,6 +94,27 @@ def note_reform(message: Reform) -> None:
         with link._reform_came:
             link._reform = message
             link._reform_came.notify_all()
+            watchers = list(link._reform_watchers)
+        for watcher in watchers:
+            with contextlib.suppress(Exception):  # the channel's thread must go on reading
+                watcher(message)
+
+
+@contextlib.contextmanager
+def watching_reforms(watcher: Callable[[Reform], None]) -> Iterator[None]:
+    """Call `watcher` with each `Reform` that comes while the block runs, on the channel's
+    thread (a rank blocked in a store's wait cannot look itself); nothing outside a worker."""
+    link = _current
+    if link is None:
+        yield
+        return
+    with link._reform_came:
+        link._reform_watchers.append(watcher)
+    try:
+        yield
+    finally:
+        with link._reform_came:
+            link._reform_watchers.remove(watcher)
 
 
 def wait_reform(after: int, timeout: float) -> Reform | None:

@@ -40,6 +40,8 @@ FIRST_JOINER_MARK = "first-joiner"  # made (exclusively) by the first rank start
 RUNNING_KILLED_MARK = "running-killed"  # a running rank killed itself while a new one started
 START_KILLED_MARK = "start-killed"  # the last rank of the first world killed itself before init
 END_KILLED_MARK = "end-killed"  # the last rank killed itself after the run's last commit
+#: when the last rank of the first re-formed world killed itself past its presence barrier
+WINDOW_KILLED_MARK = "window-killed"
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,9 @@ class Plan:
     start_fault: bool = False
     #: the last rank SIGKILLs itself after the run's last commit, before its run returns
     end_fault: bool = False
+    #: the last rank of the first world re-formed in place SIGKILLs itself past that world's
+    #: presence barrier, before torch's own rendezvous (gloo's, in init_process_group)
+    window_fault: bool = False
 
 
 def dataset(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,9 +301,28 @@ def _init(plan: Plan, hvd: Any) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if first_joiner and plan.joiner_fault == "running":  # until a running rank is lost
         _wait_for(Path(plan.folder, RUNNING_KILLED_MARK))
+    if plan.window_fault:
+        _arm_window_fault(plan)
     hvd.init()
     if first_joiner and plan.joiner_fault == "after_init":
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _arm_window_fault(plan: Plan) -> None:
+    """`window_fault`: hora tells the driver a world gathered (`_formed`) between its presence
+    barrier and torch's rendezvous; there, in the world of generation 1, its last rank dies."""
+    from hora.collectives import _rendezvous
+
+    formed = _rendezvous._formed
+
+    def formed_or_killed(generation: int) -> None:
+        last = int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1
+        if generation == 1 and last and _once(Path(plan.folder, WINDOW_KILLED_MARK + ".once")):
+            Path(plan.folder, WINDOW_KILLED_MARK).write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        formed(generation)
+
+    _rendezvous._formed = formed_or_killed
 
 
 def _first_joiner(plan: Plan) -> bool:

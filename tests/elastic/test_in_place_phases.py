@@ -97,6 +97,25 @@ def test_rank_0_lost_while_a_new_rank_starts_shrinks_without_it_and_grows_back(
     assert "restarting" not in err and "attempt 1 of" not in err, err
 
 
+def test_a_rank_lost_past_the_presence_barrier_releases_the_others_from_torchs_rendezvous(
+    tmp_path, monkeypatch, capfd
+):
+    """np=4: rank 3 is killed (4 -> 3); in the world of 3, rank 2 passes the presence barrier
+    and SIGKILLs itself before torch's own rendezvous, where ranks 0 and 1 wait for its address:
+    they re-form a world of 2 on the driver's word, not once gloo's wait runs out (120 s here),
+    in their processes, and the run grows back to 4."""
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "120")
+    results, worlds = _run(tmp_path, monkeypatch, 4, window_fault=True)
+    assert worlds[:2] == [4, 2] and worlds[2:] in ([], [4]), worlds  # 3 never trained
+    _jobs.check_survivors(str(tmp_path), results, worlds)
+    killed = float(Path(tmp_path, _jobs.WINDOW_KILLED_MARK).read_text())
+    in_two = min(entries[0]["at"] for entries in _jobs.read_logs(str(tmp_path))[0, 2].values())
+    assert in_two - killed < 60, in_two - killed  # released by the driver, not by gloo's wait
+    err = capfd.readouterr().err
+    assert "hora: resizing in place from 3 to 2 ranks (rank 2 failed: killed by signal 9" in err
+    assert "restarting" not in err and "attempt 1 of" not in err, err
+
+
 def test_rank_0_and_another_rank_lost_at_once_re_form_in_place(tmp_path, monkeypatch, capfd):
     """np=4: ranks 0 and 2 SIGKILL themselves at the same step: ranks 1 and 3 become ranks 0
     and 1 of a world of 2, in their processes, and the run grows back to 4."""
