@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hora.engines.spark.options import HORA_IGNORE_SSL, TORCH_IGNORE_SSL
@@ -16,11 +17,8 @@ from hora.engines.spark.options import HORA_IGNORE_SSL, TORCH_IGNORE_SSL
 if TYPE_CHECKING:
     from hora.engines.spark.base import Session
 
-# A fresh session's executors may still be registering: wait while none is there yet or their
-# number grew in the last SLOT_SETTLE_SECONDS, at most SLOT_WAIT_SECONDS. A cluster whose slots
-# stay short of np for SLOT_SETTLE_SECONDS is judged as it is.
-SLOT_WAIT_SECONDS = 60.0
-SLOT_SETTLE_SECONDS = 5.0
+# How often the slots of a cluster whose executors are still registering are counted again.
+SLOT_POLL_SECONDS = 0.2
 # Which Python the tasks start: "auto" (the driver's where it exists on every executor, that is
 # on a local or local-cluster master; Spark's own elsewhere), "driver" or "spark".
 PYTHON_KEY = "spark.hora.executorPython"
@@ -141,37 +139,57 @@ def concurrent_slots(session: Session, resource: str = "gpu") -> int | None:
 def check_slots(
     session: Session,
     np: int,
-    wait: float = SLOT_WAIT_SECONDS,
-    settle: float | None = SLOT_SETTLE_SECONDS,
+    wait: float,
     resource: str = "gpu",
+    say: Callable[[str], None] | None = None,
 ) -> int | None:
-    """Return the slot count, or raise ValueError if `np` tasks cannot run together.
+    """Return the slot count once `np` tasks can run together, or raise ValueError.
 
-    Raises as soon as the count has been steady below `np` for `settle` seconds (at once on
-    a local master, or where the count comes from settings), instead of letting Spark queue
-    the stage and retry it for minutes; `settle=None` waits the whole `wait` (a restart, while
-    a lost executor is replaced). None: the slots cannot be counted (see `uncounted_slots`).
+    Where the count can grow (a classic cluster's executors still registering after a fresh
+    SparkSession, a lost executor being replaced, a cluster that scales up on demand), wait up
+    to `wait` seconds (the run's start_timeout), saying what it waits for and each change of
+    the count; refuse at once where it cannot (a local master; a Connect cluster's count, which
+    its settings give). Spark's own barrier check would queue the stage and retry it for
+    minutes, unsaid. None: the slots cannot be counted (see `uncounted_slots`).
     """
-    start = time.monotonic()
     slots = concurrent_slots(session, resource)
     if slots is None:
         return None
-    changed = start
-    while slots < np and session.kind == "classic" and not is_local_master(session):
-        now = time.monotonic()
-        steady = settle is not None and slots > 0 and now - changed > settle
-        if now - start > wait or steady:
-            break
-        time.sleep(0.2)
-        latest = concurrent_slots(session, resource) or 0
-        if latest != slots:
-            slots, changed = latest, time.monotonic()
+    grows = session.kind == "classic" and not is_local_master(session)
+    deadline = time.monotonic() + wait
+    said = None
+    while slots < np and grows and time.monotonic() < deadline:
+        if slots != said:
+            _say(say, waiting_for_slots(session, np, slots, wait, resource))
+            said = slots
+        time.sleep(SLOT_POLL_SECONDS)
+        slots = concurrent_slots(session, resource) or 0
     if slots >= np:
+        if said is not None:
+            _say(say, f"hora: the cluster can run {slots} tasks at once now; np={np} starts")
         return slots
+    waited = f" after waiting {wait:g} s (start_timeout) for more executors" if grows else ""
     raise ValueError(
         f"np={np} needs {np} Spark task slots at once, but "
-        f"{describe_slots(session, slots, resource)}"
+        f"{describe_slots(session, slots, resource)}{waited}"
     )
+
+
+def waiting_for_slots(session: Session, np: int, slots: int, wait: float, resource: str) -> str:
+    """What a launch that waits for executors says: how many slots it has, how many it needs."""
+    executors = session.executors()
+    registered = "" if executors is None else f" ({executors} executors registered)"
+    return (
+        f"hora: np={np} needs {np} Spark task slots at once; the cluster can run {slots} now"
+        f"{registered}: waiting up to start_timeout={wait:g} s for more executors to register"
+    )
+
+
+def _say(say: Callable[[str], None] | None, text: str) -> None:
+    if say is not None:
+        say(text)
+    else:
+        print(text, file=sys.stderr, flush=True)
 
 
 def uncounted_slots(np: int, start_timeout: float) -> str:

@@ -119,15 +119,10 @@ class SparkLauncher(Launcher):
         )
         if _shipping.ships(spec.ship_code, self.python is None):
             _spark_shipping.ship_hora(session)
-        if spec.restart:  # a lost executor is being replaced: wait for it, up to start_timeout
-            slots = _spark_checks.check_slots(
-                session, spec.np, wait=spec.start_timeout, settle=None, resource=resource
-            )
-        else:
-            wait = min(spec.start_timeout, _spark_checks.SLOT_WAIT_SECONDS)
-            slots = _spark_checks.check_slots(session, spec.np, wait=wait, resource=resource)
-            if slots is None:
-                print(_spark_checks.uncounted_slots(spec.np, spec.start_timeout), file=sys.stderr)
+        # executors still registering, or a lost one being replaced: waited for, saying so
+        slots = _spark_checks.check_slots(session, spec.np, spec.start_timeout, resource)
+        if slots is None and not spec.restart:
+            print(_spark_checks.uncounted_slots(spec.np, spec.start_timeout), file=sys.stderr)
         self.session = session
         # A lost task of a barrier stage takes every other task down: an elastic run's ranks
         # are jobs of their own, so the survivors can re-form in place (a Connect client has
