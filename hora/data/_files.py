@@ -6,8 +6,9 @@ from __future__ import annotations
 import builtins
 import logging
 import os
+import socket
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -134,6 +135,33 @@ class Files:
                 if p in there and not os.access(p, os.R_OK)
             ]
         return missing, unreadable
+
+    def check_reachable(self, rank: int) -> None:
+        """Refuse, before any batch, files this rank's host does not see or may not read (a
+        folder only the driver's disk holds, another host's /dev/shm), naming the host."""
+        missing, unreadable = self.unreachable()
+        if not missing and not unreadable:
+            return
+        here = f"rank {rank} on host {socket.gethostname()!r}"
+        count = len(self.files)
+        if missing:
+            what = f"does not find {len(missing)} of the dataset's {count} files"
+            what += f" (e.g. {missing[0]!r})"
+        else:
+            what = f"may not read {len(unreadable)} of its {count} files (e.g. {unreadable[0]!r})"
+        raise FileNotFoundError(
+            f"hora.data: {here} {what} under {self.uri}: every rank's host must reach the data. "
+            "Put it where the driver and every host read it (a shared mount, or a URI such as "
+            "hdfs:// or s3://), or have from_spark write a copy there (copy=True, store=...)"
+        )
+
+    def named(self, pieces: Sequence[int]) -> str:
+        """Row groups as an error names them."""
+        names = []
+        for index in dict.fromkeys(pieces):
+            piece = self.pieces[index]
+            names.append(f"{self.files[piece.file] or self.uri} row group {piece.group}")
+        return f"{self.uri}: " + ", ".join(names)
 
     def column(self, name: str) -> Column:
         return {c.name: c for c in self.columns}[name]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
-import socket
 import threading
 import warnings
 import weakref
@@ -101,7 +100,7 @@ class Loader:
                 f"the dataset has {dataset.rows} rows for {self.size} ranks: every rank needs "
                 "at least one row; use fewer ranks or more data"
             )
-        _check_reachable(dataset, self.rank)
+        dataset.check_reachable(self.rank)
         self._rows = dataset.rows
         self._window_bytes = max(1, prefetch // 4)
         self.epoch = 0
@@ -269,17 +268,19 @@ class Loader:
         pool = self._workers()
         budget = max(1, self.prefetch // 2)  # what the reader, or the units read ahead, hold
         if pool is not None:
-            units = _plan.units(
+            pieces = self.dataset.pieces
+            plan = _plan.plan(
                 found,
-                [p.bytes for p in self.dataset.pieces],
-                shuffle=self.shuffle,
-                window_bytes=self._window_bytes,
+                shares[self.rank],
+                sizes[self.rank],
+                [p.rows for p in pieces],
+                [p.bytes for p in pieces],
+                (self.seed, self.epoch) if self.shuffle else None,
             )
-            runs = _plan.runs(shares[self.rank], sizes[self.rank], units)
-            orders = [(self.seed, self.epoch, u.window) if u.window is not None else None
-                      for u in units]  # fmt: skip
-            where = functools.partial(_row_groups, self.dataset, units)
-            made = pool.batches(runs, units, orders, budget, where)
+            where = functools.partial(_row_groups, self.dataset, plan)
+            made = pool.batches(
+                plan, budget, where, functools.partial(_unit_groups, self.dataset, plan)
+            )
             for step, arrays in enumerate(made):
                 yield _order.left_after(shares, sizes, step + 1), arrays
             return
@@ -351,25 +352,6 @@ class Loader:
                 self._feeding = None
 
 
-def _check_reachable(dataset: Files, rank: int) -> None:
-    """Refuse, before any batch, a dataset whose files this rank's host does not see or may
-    not read (a folder only the driver's disk holds, another host's /dev/shm), naming the host."""
-    missing, unreadable = dataset.unreachable()
-    if not missing and not unreadable:
-        return
-    here = f"rank {rank} on host {socket.gethostname()!r}"
-    count = len(dataset.files)
-    if missing:
-        what = f"does not find {len(missing)} of the dataset's {count} files (e.g. {missing[0]!r})"
-    else:
-        what = f"may not read {len(unreadable)} of its {count} files (e.g. {unreadable[0]!r})"
-    raise FileNotFoundError(
-        f"hora.data: {here} {what} under {dataset.uri}: every rank's host must reach the "
-        "data. Put it where the driver and every host read it (a shared mount, or a URI such "
-        "as hdfs:// or s3://), or have from_spark write a copy there (copy=True, store=...)"
-    )
-
-
 def _cut_batches(
     tables: Iterator[tuple[int, pa.Table]], sizes: Sequence[int]
 ) -> Iterator[pa.Table]:
@@ -385,15 +367,18 @@ def _cut_batches(
         yield batch
 
 
-def _row_groups(dataset: Files, units: Sequence[_plan.Unit], runs: Sequence[_plan.Run]) -> str:
+def _row_groups(dataset: Files, plan: _plan.Plan, runs: Sequence[_plan.Run]) -> str:
     """The row groups a batch's rows come from, as an error names them."""
     rows = [p.rows for p in dataset.pieces]
-    pieces = dict.fromkeys(p for run in runs for p in _plan.pieces_of(run, units, rows))
-    names = []
-    for index in pieces:
-        piece = dataset.pieces[index]
-        names.append(f"{dataset.files[piece.file] or dataset.uri} row group {piece.group}")
-    return f"{dataset.uri}: " + ", ".join(names)
+    shuffled = plan.orders[runs[0][0]] is not None if runs else False
+    return dataset.named(
+        [p for r in runs for p in _plan.pieces_of(r, plan.windows, shuffled, rows)]
+    )
+
+
+def _unit_groups(dataset: Files, plan: _plan.Plan, unit: int) -> str:
+    """The row groups of a unit, as an error names them."""
+    return dataset.named(plan.units[unit].pieces)
 
 
 def _cut(pending: list[pa.Table], size: int, held: int) -> tuple[pa.Table, list[pa.Table], int]:

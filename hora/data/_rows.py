@@ -24,6 +24,8 @@ def _gather(column: pa.ChunkedArray, indices: np.ndarray) -> pa.Array:
         return pa.array([], type=column.type)
     bounds = np.cumsum([0] + [len(c) for c in column.chunks])
     chunk = np.searchsorted(bounds, indices, side="right") - 1
+    if _BINARY.get(column.type) is not None and not column.null_count:
+        return _gather_values(column, chunk, indices - bounds[chunk])
     by_chunk = np.argsort(chunk, kind="stable")
     ordered, found = chunk[by_chunk], indices[by_chunk]
     cuts = np.flatnonzero(np.diff(ordered)) + 1
@@ -37,16 +39,57 @@ def _gather(column: pa.ChunkedArray, indices: np.ndarray) -> pa.Array:
     return grouped.take(pa.array(back))
 
 
+#: bytes and text types, by the type of their offsets
+_BINARY = {
+    pa.binary(): np.int32,
+    pa.string(): np.int32,
+    pa.large_binary(): np.int64,
+    pa.large_string(): np.int64,
+}
+
+
+def _gather_values(column: pa.ChunkedArray, chunk: np.ndarray, rows: np.ndarray) -> pa.Array:
+    """Rows of a bytes or text column of several chunks, each value copied once into the
+    result (per chunk takes, then a take putting them in order, would copy them three times:
+    a batch of JPEGs is megabytes)."""
+    offsets_type = _BINARY[column.type]
+    views = []
+    for c in column.chunks:
+        _, offsets, data = c.buffers()
+        first = np.frombuffer(offsets, dtype=offsets_type)[c.offset : c.offset + len(c) + 1]
+        views.append((first, np.frombuffer(data, dtype=np.uint8) if data is not None else None))
+    starts = np.empty(len(rows), dtype=np.int64)
+    ends = np.empty(len(rows), dtype=np.int64)
+    for c, (offsets, _) in enumerate(views):
+        mine = chunk == c
+        starts[mine] = offsets[rows[mine]]
+        ends[mine] = offsets[rows[mine] + 1]
+    lengths = ends - starts
+    out_offsets = np.zeros(len(rows) + 1, dtype=offsets_type)
+    np.cumsum(lengths, out=out_offsets[1:])
+    data = np.empty(int(out_offsets[-1]), dtype=np.uint8)
+    at = out_offsets.tolist()
+    for i, (c, a, b) in enumerate(zip(chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)):
+        if b > a:  # (a chunk of empty values has no data buffer)
+            data[at[i] : at[i + 1]] = views[c][1][a:b]
+    buffers = [None, pa.py_buffer(out_offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(column.type, len(rows), buffers)
+
+
 def joined(parts: Sequence[pa.Table]) -> pa.Table:
-    """The parts as one table of one chunk per column. Parts whose array columns became
+    """The parts as one table of one chunk per column (see `concatenated`)."""
+    return concatenated(parts).combine_chunks()
+
+
+def concatenated(parts: Sequence[pa.Table]) -> pa.Table:
+    """The parts as one table, their chunks as they are. Parts whose array columns became
     fixed-size lists of different lengths (row groups of one length each, padded later) are
     joined as plain lists."""
     if len(parts) == 1:
-        return parts[0].combine_chunks()
-    schemas = {p.schema for p in parts}
-    if len(schemas) > 1:
+        return parts[0]
+    if len({p.schema for p in parts}) > 1:
         parts = [_plain_lists(p) for p in parts]
-    return pa.concat_tables(parts).combine_chunks()
+    return pa.concat_tables(parts)
 
 
 def _plain_lists(table: pa.Table) -> pa.Table:

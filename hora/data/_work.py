@@ -1,20 +1,24 @@
-"""A loader worker's process: it reads the units its rank asks it to (once, into shared memory, for
-all the rank's workers) and makes the batches the rank planned: rows gathered from the units,
-then columns to numpy and the user's `transform`, packed into a segment it reuses.
+"""A loader worker's process: it reads the units its rank asks it to (row groups, once, into
+shared memory, for all the rank's workers) and makes the batches the rank planned: rows
+gathered from the epoch's windows (each the rows of the units that hold it, in its order), then
+columns to numpy and the user's `transform`, packed into a segment it reuses.
 
-Messages from the rank (tuples, the kind first): READ (generation, unit, its row groups, its
-order) and BATCH (generation, step, the runs of unit rows, the units this worker has not been
-given yet) are answered with UNIT and BATCH; DROP lets units go; FREE and FORGET return batch
-segments (see `_shared`); None ends the worker. A task of an abandoned iteration (its generation
-is not the one wanted) is skipped.
+Messages from the rank (tuples, the kind first): READ (generation, unit, its first row in the
+read order, its row groups, whether other workers need it: then into shared memory) and BATCH
+(generation, step, the runs of window rows, the units this worker has not been given yet, the
+windows it has not been told of) are answered with UNIT and BATCH; DROP lets units go; FREE and
+FORGET return batch segments (see `_shared`); None ends the worker. A task of an abandoned
+iteration (its generation is not the one wanted) is skipped.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,9 +27,9 @@ import pyarrow as pa
 
 from hora.data._batch import BatchMaker
 from hora.data._order import window_permutation
-from hora.data._plan import Run
+from hora.data._plan import Order, Run
 from hora.data._reader import fixed_size, read_piece
-from hora.data._rows import gather, joined
+from hora.data._rows import concatenated, gather, joined
 from hora.data._shared import Lender, share_table, shared_table
 
 if TYPE_CHECKING:
@@ -33,9 +37,12 @@ if TYPE_CHECKING:
 
 READ, BATCH, DROP, FREE, FORGET, UNIT = "read", "batch", "drop", "free", "forget", "unit"
 POLL_SECONDS = 0.5
+#: threads of a worker that read units
+READERS = 2
 
-#: how a unit's rows are ordered: (seed, epoch, window) of a shuffled window, None: file order
-Order = tuple[int, int, int] | None
+#: what a worker is told of a window: its index, first row in the read order, rows, the units
+#: that hold them, its order
+WindowSpec = tuple[int, int, int, tuple[int, ...], Order]
 
 
 @dataclass(frozen=True)
@@ -55,79 +62,134 @@ class Failure:
 
 
 @dataclass
-class _Held:
-    """A unit a worker has mapped, and its rows' order (computed at its first batch)."""
+class _Window:
+    """A window's rows as the units' tables show them (mapped, not copied), and its order
+    (the permutation computed at its first batch here)."""
 
-    table: pa.Table
-    order: Order
+    spec: WindowSpec
+    table: pa.Table | None = None
     permutation: np.ndarray | None = field(default=None)
 
-    def rows(self, lo: int, hi: int) -> pa.Table:
-        if self.order is None:
+    def rows(self, units: dict[int, tuple[int, pa.Table]], lo: int, hi: int) -> pa.Table:
+        _, start, rows, held, order = self.spec
+        if self.table is None:
+            parts = []
+            for u in held:
+                first, table = units[u]
+                a = max(start, first) - first
+                b = min(start + rows, first + table.num_rows) - first
+                parts.append(table.slice(a, b - a))
+            self.table = concatenated(parts)
+        if order is None:
             return self.table.slice(lo, hi - lo)
         if self.permutation is None:
-            seed, epoch, window = self.order
-            self.permutation = window_permutation(
-                window, self.table.num_rows, seed=seed, epoch=epoch
-            )
+            seed, epoch, window = order
+            self.permutation = window_permutation(window, rows, seed=seed, epoch=epoch)
         return gather(self.table, self.permutation[lo:hi])
 
 
 class Worker:
-    """One worker's state: the units of the iteration it works for, its open files, its
-    segments."""
+    """One worker's state: the units and windows of the iteration it works for, its segments,
+    and READERS threads of its own that read units (Parquet's reading and decompression leave
+    the interpreter's lock: a unit's read overlaps the batch this thread makes, as
+    DataLoader's worker overlaps its making with the sending of the batch before; and an
+    epoch's first window, which its first batch waits for whole, is read two units at once).
+    `send` answers the rank from any of them."""
 
-    def __init__(self, index: int, job: Job) -> None:
+    def __init__(self, index: int, job: Job, send: Callable[[tuple[Any, ...]], None]) -> None:
         self.index = index
         self.job = job
         self.generation = 0
-        self.units: dict[int, _Held] = {}
-        self.files: dict[int, Any] = {}
+        self.units: dict[int, tuple[int, pa.Table]] = {}  # unit -> (first row, its rows)
+        self.windows: dict[int, _Window] = {}
         self.lender = Lender()
+        self._send = send
+        self._lock = threading.Lock()  # the generation and the units, between the threads
+        self._reads: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._readers = [
+            threading.Thread(target=self._read_all, name="hora-data-worker-reader", daemon=True)
+            for _ in range(READERS)
+        ]
+        for reader in self._readers:
+            reader.start()
 
-    def handle(
-        self, message: tuple[Any, ...], wanted: int, descriptors: Any
-    ) -> tuple[Any, ...] | None:
-        """The reply to one message of the rank (None: nothing to say). The segments of the
+    def handle(self, message: tuple[Any, ...], wanted: Any, descriptors: Any) -> None:
+        """Answer one message of the rank (a READ in the reading thread). The segments of the
         units a BATCH gives come on `descriptors`, a socket, just before it."""
         kind = message[0]
         if kind == BATCH and message[4]:
-            message = (*message[:4], _mapped(message[4], descriptors))
+            message = (*message[:4], _mapped(message[4], descriptors), *message[5:])
         if kind == FREE:
             self.lender.free(message[1])
-            return None
+            return
         if kind == FORGET:
             self.lender.forget(message[1])
-            return None
+            return
         generation = message[1]
         if generation > self.generation:  # a new iteration: the old one's units go
-            self.units.clear()
-            self.generation = generation
-        if generation != wanted:
-            return None  # its iteration was abandoned
+            with self._lock:
+                self.units.clear()
+                self.windows.clear()
+                self.generation = generation
+        if generation != wanted.value:
+            return  # its iteration was abandoned
         if kind == DROP:
-            for unit in message[2]:
-                self.units.pop(unit, None)
-            return None
-        if kind == READ:
-            return self._read(*message[1:])
-        return self._batch(*message[1:])
+            self._drop(set(message[2]))
+        elif kind == READ:
+            self._reads.put((wanted, *message[1:]))
+        else:
+            self._send(self._batch(*message[1:]))
+
+    def _drop(self, units: set[int]) -> None:
+        """Let units go, and the windows that show them (no batch needs them any more)."""
+        with self._lock:
+            for u in units:
+                self.units.pop(u, None)
+        for w in [w for w, window in self.windows.items() if units & set(window.spec[3])]:
+            del self.windows[w]
 
     def _failure(self) -> Failure:
         return Failure(self.index, os.getpid(), traceback.format_exc())
 
-    def _read(
-        self, generation: int, unit: int, pieces: Sequence[int], order: Order
-    ) -> tuple[Any, ...]:
+    def _read_all(self) -> None:
+        """The reading thread: each READ's unit, read into shared memory, kept here and told to
+        the rank; it ends at None, or when the rank is gone."""
+        files: dict[int, Any] = {}
         try:
-            parts = [read_piece(self.job.dataset, p, self.job.columns, self.files) for p in pieces]
-            storage = share_table(
-                fixed_size(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
-            )
-            del parts  # the shared copy is the one kept
-            self.units[unit] = _Held(shared_table(storage), order)
+            while (task := self._reads.get()) is not None:
+                wanted, generation, *read = task
+                if generation == wanted.value:  # else abandoned while it waited
+                    self._send(self._read(files, generation, *read))
+        except (OSError, EOFError):
+            return  # the rank is gone
+        finally:
+            for f in files.values():
+                f.close()
+
+    def _read(
+        self,
+        files: dict[int, Any],
+        generation: int,
+        unit: int,
+        first: int,
+        pieces: Sequence[int],
+        shared: bool,
+    ) -> tuple[Any, ...]:
+        """A unit read: into shared memory when other workers need it (its segment goes to
+        the rank), else kept here as read."""
+        storage = None
+        try:
+            parts = [read_piece(self.job.dataset, p, self.job.columns, files) for p in pieces]
+            table = fixed_size(concatenated(parts))
+            del parts
+            if shared:
+                storage = share_table(table)
+                table = shared_table(storage)  # the shared copy is the one kept
         except BaseException:
             return (UNIT, generation, unit, self._failure())
+        with self._lock:
+            if generation == self.generation:
+                self.units[unit] = (first, table)
         return (UNIT, generation, unit, storage)
 
     def _batch(
@@ -135,38 +197,43 @@ class Worker:
         generation: int,
         step: int,
         runs: Sequence[Run],
-        given: Sequence[tuple[int, Any, Order]],
+        given: Sequence[tuple[int, int, Any]],
+        told: Sequence[WindowSpec],
     ) -> tuple[Any, ...]:
-        for unit, storage, order in given:
-            self.units[unit] = _Held(shared_table(storage), order)
+        with self._lock:
+            for unit, first, storage in given:
+                self.units[unit] = (first, shared_table(storage))
         del given
+        for spec in told:
+            self.windows[spec[0]] = _Window(spec)
         try:
-            rows = joined([self.units[u].rows(lo, hi) for u, lo, hi in runs])
+            rows = joined([self.windows[w].rows(self.units, lo, hi) for w, lo, hi in runs])
             packed = self.lender.pack(self.job.make(rows))
         except BaseException:
             return (BATCH, generation, step, self._failure())
         return (BATCH, generation, step, packed)
 
     def close(self) -> None:
-        for f in self.files.values():
-            f.close()
-        self.files.clear()
+        for _ in self._readers:
+            self._reads.put(None)
+        for reader in self._readers:
+            reader.join()
+        self.windows.clear()
         self.units.clear()
 
 
-def _mapped(
-    given: Sequence[tuple[int, int, Order]], descriptors: Any
-) -> list[tuple[int, Any, Order]]:
-    """The units a BATCH gives, each with its segment (its descriptor read off the socket)."""
+def _mapped(given: Sequence[tuple[int, int, int]], descriptors: Any) -> list[tuple[int, int, Any]]:
+    """The units a BATCH gives ((unit, first row, bytes)), each with its segment (its
+    descriptor read off the socket)."""
     import socket
 
     import torch
 
     _, fds, _, _ = socket.recv_fds(descriptors, 1, len(given))
     mapped = []
-    for (unit, size, order), fd in zip(given, fds, strict=True):
+    for (unit, first, size), fd in zip(given, fds, strict=True):
         storage = torch.UntypedStorage._new_shared_fd_cpu(fd, size)  # type: ignore[attr-defined]
-        mapped.append((unit, storage, order))
+        mapped.append((unit, first, storage))
         os.close(fd)  # the storage keeps a descriptor of its own
     return mapped
 
@@ -195,7 +262,13 @@ def work(
         import cloudpickle
 
         job = cloudpickle.loads(payload)
-    worker = Worker(index, job)
+    sending = threading.Lock()
+
+    def send(reply: tuple[Any, ...]) -> None:
+        with sending:
+            outputs.send(reply)
+
+    worker = Worker(index, job, send)
     try:
         while True:
             if not inputs.poll(POLL_SECONDS):
@@ -205,9 +278,7 @@ def work(
             message = inputs.recv()
             if message is None:
                 return
-            reply = worker.handle(message, wanted.value, descriptors)
-            if reply is not None:
-                outputs.send(reply)
+            worker.handle(message, wanted, descriptors)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the rank is gone
     finally:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 from hora import environment
-from hora.data._plan import Run, Unit
+from hora.data._plan import Plan, Run
 from hora.data._shared import Borrower
 from hora.data._work import (
     BATCH,
@@ -36,7 +36,6 @@ from hora.data._work import (
     UNIT,
     Failure,
     Job,
-    Order,
     work,
 )
 
@@ -45,6 +44,8 @@ MAX_DEFAULT_WORKERS = 8
 _POLL_SECONDS = 0.5
 #: batches in flight per worker (torch DataLoader's prefetch_factor)
 _PER_WORKER = 2
+#: what names row groups in an error: a batch's (by its runs), a unit's
+_Names = tuple[Callable[[Sequence[Run]], str], Callable[[int], str]]
 
 
 class LoaderWorkerError(RuntimeError):
@@ -65,29 +66,29 @@ def default_workers(has_transform: bool) -> int:
 
 
 class _Iteration:
-    """One iteration's bookkeeping: the units to read, read and being read, who holds them."""
+    """One iteration's bookkeeping: the units to read, read and being read, who holds them,
+    which windows each worker was told of."""
 
-    def __init__(self, generation: int, plan: Sequence[Sequence[Run]], found: Sequence[Unit]):
+    def __init__(self, generation: int, plan: Plan, workers: int) -> None:
         self.generation = generation
         self.plan = plan
-        self.found = found
-        first: dict[int, int] = {}
+        self.first: dict[int, int] = {}  # unit -> the first batch that needs it
         self.last: dict[int, int] = {}
-        for step, runs in enumerate(plan):
-            for u, _, _ in runs:
-                first.setdefault(u, step)
+        self.users: dict[int, set[int]] = collections.defaultdict(set)  # unit -> its workers
+        for step in range(len(plan.batches)):
+            for u in plan.units_of(step):
+                self.first.setdefault(u, step)
                 self.last[u] = step
-        self.to_read = collections.deque(sorted(first, key=first.__getitem__))
+                self.users[u].add(step % workers)
+        self.to_read = collections.deque(sorted(self.first, key=self.first.__getitem__))
         self.ready: dict[int, Any] = {}
         self.holders: dict[int, set[int]] = collections.defaultdict(set)
+        self.told: dict[int, set[int]] = collections.defaultdict(set)
         self.held = 0  # bytes of the units read or being read, not yet let go
         self.results: dict[int, dict[str, Any]] = {}
 
-    def units(self, step: int) -> list[int]:
-        return list(dict.fromkeys(u for u, _, _ in self.plan[step]))
-
     def can_make(self, step: int) -> bool:
-        return all(u in self.ready for u in self.units(step))
+        return all(u in self.ready for u in self.plan.units_of(step))
 
 
 class WorkerPool:
@@ -144,47 +145,46 @@ class WorkerPool:
 
     def batches(
         self,
-        plan: Sequence[Sequence[Run]],
-        found: Sequence[Unit],
-        orders: Sequence[Order],
+        plan: Plan,
         budget: int,
         where: Callable[[Sequence[Run]], str],
+        where_unit: Callable[[int], str],
     ) -> Iterator[dict[str, Any]]:
-        """The batches of `plan` (each runs of rows of the units `found`, ordered by `orders`),
-        in order. Units are read ahead while those held fit `budget`; at least one batch is in
-        flight, more while the results expected of them fit it too. `where(runs)` names a
-        batch's row groups in an error."""
+        """The batches of `plan`, in order. Units are read ahead while those held fit `budget`;
+        at least one batch is in flight, more while the results expected of them fit it too.
+        `where(runs)` and `where_unit(unit)` name row groups in an error."""
         self._check()
         self._generation += 1
         self._wanted.value = self._generation
         for doing in self._doing:
             doing.clear()
-        it = _Iteration(self._generation, plan, found)
+        it = _Iteration(self._generation, plan, self.count)
+        names = (where, where_unit)
         pending: collections.deque[int] = collections.deque()
         sent = result_bytes = 0
         try:
             while True:
                 self._give_back()
-                self._read_ahead(it, orders, budget, sent)
-                while sent < len(plan) and len(pending) < _PER_WORKER * self.count:
+                self._read_ahead(it, budget, sent)
+                while sent < len(plan.batches) and len(pending) < _PER_WORKER * self.count:
                     more = (len(pending) + 1) * result_bytes <= budget
                     if (pending and not more) or not it.can_make(sent):
                         break
-                    self._send_batch(it, sent, orders)
+                    self._send_batch(it, sent)
                     pending.append(sent)
                     sent += 1
                 if not pending:
-                    if sent == len(plan):
+                    if sent == len(plan.batches):
                         return
-                    self._wait(it, where)  # for a unit of batch `sent`
+                    self._wait(it, names)  # for a unit of batch `sent`
                     continue
                 step = pending[0]
                 while step not in it.results:
-                    self._wait(it, where)
+                    self._wait(it, names)
                 pending.popleft()
                 arrays = it.results.pop(step)
                 result_bytes = max(result_bytes, _nbytes(arrays))
-                self._let_go(it, [u for u in it.units(step) if it.last[u] == step])
+                self._let_go(it, [u for u in plan.units_of(step) if it.last[u] == step])
                 yield arrays
         finally:
             if not self._broken:
@@ -193,42 +193,60 @@ class WorkerPool:
     def _send(self, worker: int, message: tuple[Any, ...]) -> None:
         self._inputs[worker].send(message)
 
-    def _read_ahead(self, it: _Iteration, orders: Sequence[Order], budget: int, step: int) -> None:
-        """Read the units batch `step` needs, then the next ones while they fit `budget`."""
-        needed = set(it.units(step)) if step < len(it.plan) else set()
+    def _read_ahead(self, it: _Iteration, budget: int, step: int) -> None:
+        """Read the units batch `step` needs, then those of the batches sent after it, 2 K
+        batches ahead at most, while they fit `budget` (a read queued behind a worker's batches
+        delays them: no further ahead). A unit only one worker's batches need is read by that
+        worker, for itself; another into shared memory, by the worker with the least to do."""
+        horizon = step + _PER_WORKER * self.count
         while it.to_read:
             u = it.to_read[0]
-            size = it.found[u].bytes
-            if u not in needed and it.held and it.held + size > budget:
+            unit = it.plan.units[u]
+            needed = it.first[u] <= step
+            if not needed and (it.first[u] >= horizon or it.held + unit.bytes > budget):
                 return
-            worker = min(range(self.count), key=lambda w: len(self._doing[w]))
-            pieces = it.found[u].pieces
-            self._send(worker, (READ, it.generation, u, pieces, orders[u]))
+            users = it.users[u]
+            if len(users) == 1:  # one worker's batches need it: that worker reads it for itself
+                (worker,) = users
+            else:
+                worker = min(range(self.count), key=lambda w: len(self._doing[w]))
+            shared = len(users) > 1
+            self._send(worker, (READ, it.generation, u, unit.start, unit.pieces, shared))
             self._doing[worker].append((it.generation, READ, u))
             it.to_read.popleft()
-            it.held += size
+            it.held += unit.bytes
 
-    def _send_batch(self, it: _Iteration, step: int, orders: Sequence[Order]) -> None:
+    def _send_batch(self, it: _Iteration, step: int) -> None:
+        """Batch `step` to worker step % K, with the units and windows it lacks."""
         worker = step % self.count
+        plan = it.plan
         given, descriptors = [], []
-        for u in it.units(step):
+        for u in plan.units_of(step):
             if worker not in it.holders[u]:
                 descriptor, size = it.ready[u]._share_fd_cpu_()  # the segment's own: no copy
-                given.append((u, size, orders[u]))
+                given.append((u, plan.units[u].start, size))
                 descriptors.append(descriptor)
                 it.holders[u].add(worker)
+        told = []
+        for w in plan.windows_of(step):
+            if w not in it.told[worker]:
+                window = plan.windows[w]
+                covering = tuple(plan.covering[w])
+                told.append((w, window.start, window.rows, covering, plan.orders[w]))
+                it.told[worker].add(w)
         if descriptors:  # passed beside the message, before it (no thread of the rank's serves
             # them, as pickling a segment would start: multiprocessing's resource sharer)
             socket.send_fds(self._descriptors[worker], [bytes([len(descriptors)])], descriptors)
-        self._send(worker, (BATCH, it.generation, step, it.plan[step], given))
+        self._send(worker, (BATCH, it.generation, step, plan.batches[step], given, told))
         self._doing[worker].append((it.generation, BATCH, step))
 
     def _let_go(self, it: _Iteration, units: Sequence[int]) -> None:
         """Units no batch of this iteration needs any more: unmapped here and in the workers."""
         by_worker: dict[int, list[int]] = collections.defaultdict(list)
         for u in units:
-            if it.ready.pop(u, None) is not None:
-                it.held -= it.found[u].bytes
+            if u in it.ready:
+                del it.ready[u]
+                it.held -= it.plan.units[u].bytes
                 for worker in it.holders.pop(u, ()):
                     by_worker[worker].append(u)
         for worker, dropped in by_worker.items():
@@ -243,28 +261,28 @@ class WorkerPool:
                 with contextlib.suppress(OSError):
                     self._send(worker, (kind, numbers))
 
-    def _wait(self, it: _Iteration, where: Callable[[Sequence[Run]], str]) -> None:
+    def _wait(self, it: _Iteration, names: _Names) -> None:
         """Take whatever the workers answered (waiting up to a poll's time for something)."""
         ready = multiprocessing.connection.wait(self._outputs, timeout=_POLL_SECONDS)
         if not ready:
             for worker, process in enumerate(self._processes):
                 if not process.is_alive():
-                    self._died(worker, it, where)
+                    self._died(worker, it, names)
         for found in ready:
             worker = next(i for i, c in enumerate(self._outputs) if c is found)
             try:
                 message = self._outputs[worker].recv()
             except (EOFError, OSError):  # its end of the pipe closed: it died
                 self._processes[worker].join(timeout=_POLL_SECONDS)
-                self._died(worker, it, where)
-            self._take(worker, message, it, where)
+                self._died(worker, it, names)
+            self._take(worker, message, it, names)
 
     def _take(
         self,
         worker: int,
         message: tuple[Any, ...],
         it: _Iteration,
-        where: Callable[[Sequence[Run]], str],
+        names: _Names,
     ) -> None:
         kind, generation, key, payload = message
         with contextlib.suppress(ValueError):
@@ -273,9 +291,7 @@ class WorkerPool:
         if isinstance(payload, Failure):
             if not current:
                 return
-            what = f"making batch {key} from {where(it.plan[key])}"
-            if kind == UNIT:
-                what = f"reading {where([(key, 0, it.found[key].rows)])}"
+            what = _doing(names, it, kind if kind == BATCH else READ, key)
             raise LoaderWorkerError(
                 f"hora.data's loader worker {payload.worker} (pid {payload.pid}) raised while "
                 f"{what}:\n{payload.traceback}"
@@ -293,18 +309,13 @@ class WorkerPool:
         if self._broken is not None:
             raise LoaderWorkerError(self._broken)
 
-    def _died(self, worker: int, it: _Iteration, where: Callable[[Sequence[Run]], str]) -> NoReturn:
+    def _died(self, worker: int, it: _Iteration, names: _Names) -> NoReturn:
         process = self._processes[worker]
         doing = [d for d in self._doing[worker] if d[0] == it.generation]
-        what = "while idle"
-        if doing and doing[0][1] == BATCH:
-            what = f"while making batch {doing[0][2]} from {where(it.plan[doing[0][2]])}"
-        elif doing:
-            u = doing[0][2]
-            what = f"while reading {where([(u, 0, it.found[u].rows)])}"
+        what = "idle" if not doing else _doing(names, it, doing[0][1], doing[0][2])
         self._broken = (
             f"hora.data's loader worker {worker} (pid {process.pid}) died "
-            f"({_exit_reason(process.exitcode)}) {what}; the loader's workers are gone (a "
+            f"({_exit_reason(process.exitcode)}) while {what}; the loader's workers are gone (a "
             "killed worker is often the kernel's out-of-memory killer: lower num_workers or "
             "prefetch, or num_workers=0 to make batches in the training thread)"
         )
@@ -330,6 +341,13 @@ class WorkerPool:
             connection.close()
         for end in self._descriptors:
             end.close()
+
+
+def _doing(names: _Names, it: _Iteration, kind: str, key: int) -> str:
+    """What a worker was doing, with the row groups it read."""
+    if kind == BATCH:
+        return f"making batch {key} from {names[0](it.plan.batches[key])}"
+    return f"reading {names[1](key)}"
 
 
 def _exit_reason(code: int | None) -> str:
