@@ -14,6 +14,7 @@ from typing import Any
 
 from hora.collectives._control.coordinator_round import CoordinatorRound
 from hora.collectives._control.negotiation import Coordinator
+from hora.collectives._control.relay import HOLD_S
 from hora.collectives._control.responses import ResponseHandler
 from hora.collectives._control.stall import StallInspector, StallSettings
 from hora.collectives._control.submissions import Op, SubmissionQueue
@@ -80,6 +81,7 @@ class TreeWorld:
         fanout: int,
         sets: dict[int, tuple[int, ...]] | None = None,
         cache_capacity: int = 64,
+        hold_s: float = HOLD_S,
     ) -> None:
         sets = {0: tuple(range(size)), **(sets or {})}
         self.tree = NegotiationTree(size, fanout)
@@ -96,7 +98,8 @@ class TreeWorld:
             coordinator.set_process_set(ps, members)
         self.coordinator = coordinator
         root = self.ranks[0]
-        stall = StallInspector(StallSettings(enabled=False), coordinator)
+        # A tenth of the check time is how long ids are held (`StallSettings.resolution_s`).
+        stall = StallInspector(StallSettings(10 * hold_s, 0.0, False), coordinator)
         root.round = CoordinatorRound(
             down[0], root.sel, root.queue, root.handler, coordinator, stall
         )
@@ -105,7 +108,15 @@ class TreeWorld:
             parent = self.tree.parent(r)
             assert parent is not None
             side.round = WorkerRound(
-                r, (parent, up[r]), down[r], side.sel, side.queue, side.handler, side.sets, 5.0
+                r,
+                (parent, up[r]),
+                down[r],
+                side.sel,
+                side.queue,
+                side.handler,
+                side.sets,
+                5.0,
+                hold_s,
             )
 
     def pump(

@@ -92,9 +92,10 @@ def test_a_repeated_round_is_answered_from_its_plan() -> None:
     for _ in range(2):
         own = c.cache.own_ids([req("a"), req("b"), req("c")])
         assert own == ids
-        assert c.offer(0, own, now=0.0) and c.take() == []  # rank 1's round is still to come
-        assert c.stash_age(0.5) == 0.5 and not c.has_pending()  # set aside, not pending
-        assert c.offer(1, ids, now=0.0)
+        c.receive_ids(0, own, now=0.0)
+        assert c.take() == []  # rank 1's ids are still to come
+        assert c.stash_age(0.5) == 0.5 and not c.has_pending()  # counted, not pending
+        c.receive_ids(1, ids, now=0.0)
         (bucket,) = c.take()
         assert [e.name for e in bucket.entries] == ["a", "b", "c"]
         assert [e.cached for e in bucket.entries] == list(ids)  # they travel as ids
@@ -103,41 +104,58 @@ def test_a_repeated_round_is_answered_from_its_plan() -> None:
     assert c.cache.own_ids([req("a"), req("b", shape=(5,))]) is None  # not the cached request
 
 
-def test_rounds_that_differ_are_matched_one_by_one() -> None:
-    c = Coordinator(2, 1 << 20, cache_capacity=8)
-    a, b = _cached(c, ["a", "b"])
-    assert c.offer(0, (a, b), now=0.0)
-    assert not c.offer(1, (b, a), now=0.0)  # another order: both rounds go one by one
-    for cid in (b, a):
-        c.submit_cached(1, cid)
+def test_ids_agree_in_any_order_and_frames_and_run_in_the_order_they_became_ready() -> None:
+    c = Coordinator(3, 1 << 20, cache_capacity=8)
+    a, b, d = _cached3(c, ["a", "b", "d"])
+    c.receive_ids(0, (a, b, d), now=0.0)
+    c.receive_ids(1, (d,), now=0.0)  # rank 1's round in two frames, in another order
+    c.receive_ids(2, (b, d, a), now=0.0)
+    c.receive_ids(1, (b, a), now=0.0)
     (bucket,) = c.take()
-    assert sorted(e.name for e in bucket.entries) == ["a", "b"] and c.repeated_rounds == 0
-    assert c.offer(1, (a,), now=1.0)  # a round set aside ...
-    c.submit(0, req("new"))  # ... goes one by one as soon as anything else is submitted
-    assert c.pending[(0, "a")] == {1: req("a")}
-    c.submit(0, req("a"))
-    names = [e.name for b in c.take() for e in b.entries]
-    assert names == ["a"] and set(c.pending) == {(0, "new")}
+    assert [e.name for e in bucket.entries] == ["d", "b", "a"] and c.repeated_rounds == 1
+
+
+def _cached3(c: Coordinator, names: list[str]) -> list[int]:
+    for name in names:
+        for rank in range(3):
+            c.submit(rank, req(name))
+    return [e.cache_id for b in c.take() if isinstance(b, Bucket) for e in b.entries]
+
+
+def test_an_id_also_sent_by_name_is_matched_by_name_with_its_ranks_so_far() -> None:
+    c = Coordinator(2, 1 << 20, cache_capacity=8)
+    (a,) = _cached(c, ["a"])
+    c.receive_ids(1, (a,), now=1.0)  # counted ...
+    c.submit(0, req("new"))  # ... an unrelated request leaves it counted
+    assert c.has_set_aside() and set(c.pending) == {(0, "new")}
+    c.submit(0, req("a", shape=(5,)))  # rank 0 sends "a" by name (changed): rank 1's joins it
+    (failure, drop) = c.take()
+    assert isinstance(failure, Failure) and "shapes" in failure.message
+    assert drop == CacheDrop((a,)) and not c.has_set_aside()
 
 
 def test_a_round_left_waiting_is_spilled_where_the_stall_inspector_sees_it() -> None:
     c = Coordinator(2, 1 << 20, cache_capacity=8)
     (a,) = _cached(c, ["a"])
-    assert c.offer(1, (a,), now=10.0)
+    c.receive_ids(1, (a,), now=10.0)
     assert c.stash_age(10.5) == 0.5 and c.pending == {}
     c.spill()
     assert c.pending == {(0, "a"): {1: req("a")}} and c.stash_age(11.0) is None
+    c.receive_ids(0, (a,), now=11.0)  # the late rank's id: matched by name with the others'
+    (bucket,) = c.take()
+    assert [e.name for e in bucket.entries] == ["a"] and not c.pending
 
 
 def test_a_dropped_id_is_planned_one_by_one() -> None:
     c = Coordinator(2, 1 << 20, cache_capacity=1)
     (a,) = _cached(c, ["a"])
-    assert c.offer(0, (a,), now=0.0) and c.offer(1, (a,), now=0.0)
+    c.receive_ids(0, (a,), now=0.0)
+    c.receive_ids(1, (a,), now=0.0)
     c.take()  # planned and remembered
     _cached(c, ["b"])  # evicts "a": its plan is forgotten with it
-    assert not c.offer(0, (a,), now=0.0)  # not a live id: not set aside, matched at once
-    c.submit(0, req("a"))
-    c.submit_cached(1, a)  # rank 1 had not applied the drop yet: the retired id resolves
+    c.receive_ids(0, (a,), now=0.0)  # not a live id: matched by name at once
+    assert c.pending == {(0, "a"): {0: req("a")}}
+    c.receive_ids(1, (a,), now=0.0)  # rank 1 had not applied the drop yet: the id resolves
     bucket, *_ = c.take()  # "a" matched again in full, and cached anew
     assert isinstance(bucket, Bucket) and [e.name for e in bucket.entries] == ["a"]
     assert bucket.entries[0].cache_id >= 0 and c.repeated_rounds == 1

@@ -42,7 +42,7 @@ class CoordinatorCache:
         self.entries: dict[Key, tuple[int, Request]] = {}  # LRU order, most recent last
         self.by_id: dict[int, Request] = {}  # live ids
         # Worked out once per live id, and per sequence of live ids (a repeated round's
-        # buckets, see `Coordinator.offer`); forgotten whenever an id is dropped.
+        # buckets, see `Coordinator.receive_ids`); forgotten whenever an id is dropped.
         self.signatures: dict[int, Signature] = {}
         self.plans: dict[tuple[int, ...], list[Bucket]] = {}
         self._retired: dict[int, tuple[Request, int]] = {}  # id -> (request, its drop's number)

@@ -19,17 +19,11 @@ from typing import Any
 from hora.collectives._common import SHUT_DOWN
 from hora.collectives._control import channel
 from hora.collectives._control.negotiation import Coordinator
-from hora.collectives._control.relay import HOLD_S
 from hora.collectives._control.responses import ResponseHandler
 from hora.collectives._control.stall import StallInspector
 from hora.collectives._control.submissions import SubmissionQueue
 from hora.collectives._messages import Join, ProcessSetChange, Request, Shutdown, Stop
 from hora.timeline import hooks as _th
-
-# How long rank 0 keeps a round of cache ids aside waiting for the other ranks' same round
-# (`Coordinator.offer`) before it submits them one by one, where the stall inspector sees them:
-# as long as a rank of the tree holds one for its subtree.
-STASH_WAIT_S = HOLD_S
 
 
 class CoordinatorRound:
@@ -56,6 +50,10 @@ class CoordinatorRound:
         self._shutdown: str | None = None
         self.ended = False  # every rank was told to stop
         self.reports_heard = 0  # reports from the children, each a rank's or a subtree's
+        # How long a cached operation is counted waiting for the other ranks' ids before they
+        # are matched one by one, where the stall inspector sees who is missing: as long as a
+        # rank of the tree holds one for its subtree (`relay`).
+        self._hold_s = stall.settings.resolution_s
 
     def step(self, ready: list[selectors.SelectorKey]) -> float | None:
         """One round: take the children's frames that are `ready` and this rank's submissions once
@@ -103,10 +101,9 @@ class CoordinatorRound:
         now = time.monotonic()
         self.reports_heard += len(reports)
         for rank, whole, drops_applied, items in reports:
-            if whole:
-                if not coord.offer(rank, items, now, whole=True):
-                    coord.submit_round(rank, items, whole=True)
-            elif not (_ids_only(items) and coord.offer(rank, tuple(items), now)):
+            if whole or _ids_only(items):
+                coord.receive_ids(rank, items, now, whole)
+            else:
                 self._submit(rank, items)
             coord.ack(rank, drops_applied, whole)
 
@@ -116,7 +113,8 @@ class CoordinatorRound:
             return
         coord = self.coordinator
         ids = coord.cache.own_ids(own)
-        if ids is not None and coord.offer(0, ids, time.monotonic()):
+        if ids is not None:
+            coord.receive_ids(0, ids, time.monotonic())
             return
         self._submit(0, own)
 
@@ -140,8 +138,8 @@ class CoordinatorRound:
     def _respond(self) -> None:
         coord = self.coordinator
         age = coord.stash_age(time.monotonic())
-        if age is not None and age >= STASH_WAIT_S:
-            coord.spill()  # a rank is late or differs: let the stall inspector see who
+        if age is not None and age >= self._hold_s:
+            coord.spill()  # a rank is late: let the stall inspector see who
         responses: list[Any] = coord.take()
         if self._shutdown is None:
             self._shutdown = self._stall.inspect(bool(responses))
@@ -165,11 +163,11 @@ class CoordinatorRound:
             wait = gather if wait is None else min(wait, gather)
         age = self.coordinator.stash_age(time.monotonic())
         if age is not None:
-            left = max(0.0, STASH_WAIT_S - age)
+            left = max(0.0, self._hold_s - age)
             wait = left if wait is None else min(wait, left)
         return wait
 
 
 def _ids_only(items: Sequence[Any]) -> bool:
-    """A round of response-cache ids alone (a repeated round, see `Coordinator.offer`)."""
+    """A round of response-cache ids alone (a repeated one: `Coordinator.receive_ids`)."""
     return bool(items) and all(type(i) is int for i in items)

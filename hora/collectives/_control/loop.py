@@ -102,6 +102,7 @@ def _negotiation(
             handler,
             process_sets,
             config.timeout_s,
+            config.stall.resolution_s,
         )
     coordinator = Coordinator(
         config.size, config.fusion_threshold, capacity_from_env(), sockets.tree

@@ -10,7 +10,7 @@ Requests every rank agreed on are remembered in the response cache (`cache`).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from hora.collectives._control.cache import CoordinatorCache
 from hora.collectives._control.planning import Ready, plan
@@ -25,6 +25,18 @@ from hora.collectives._messages import (
 )
 
 _NONAME = ".noname."  # in the names hora generates for unnamed operations
+
+
+class _Count:
+    """A cached operation's count so far: how many ranks sent its id, and who sent it (a rank,
+    or a rank for its whole subtree)."""
+
+    __slots__ = ("key", "ranks", "senders")
+
+    def __init__(self, key: tuple[int, str]) -> None:
+        self.key = key
+        self.ranks = 0
+        self.senders: dict[int, bool] = {}
 
 
 class Coordinator:
@@ -49,13 +61,14 @@ class Coordinator:
         self._cached = self.cache.entries
         self._by_id = self.cache.by_id
         self.cached_submissions = 0  # requests that arrived as a cache id (tests read it)
-        # Repeated rounds (see `offer`): the rounds set aside by the rank (or subtree) that sent
-        # them, the ids they share, how many ranks they cover, and since when.
+        # Cached operations agreed by count (see `receive_ids`): each id's ranks so far and
+        # who sent it (a rank, or a whole subtree of the negotiation tree), since when, and the
+        # ids every rank has sent, in order, for the next `take`.
         self.tree = tree if tree is not None else NegotiationTree(size, max(2, size))
-        self._stash: dict[int, bool] = {}  # rank -> whether it stands for its whole subtree
-        self._stash_ids: tuple[int, ...] = ()
-        self._covered = 0
-        self._stash_since = 0.0
+        self._counted: dict[int, _Count] = {}
+        self._counted_ids: dict[tuple[int, str], int] = {}  # (process set, name) -> its id
+        self._counted_since = 0.0
+        self._complete: list[int] = []
         self._acked_whole: dict[int, int] = {}  # subtree -> the drops all its ranks acked
         self.repeated_rounds = 0  # rounds answered from a plan (tests read it)
 
@@ -69,53 +82,60 @@ class Coordinator:
         else:
             self.members[process_set_id] = ranks
 
-    # ----- repeated rounds ---------------------------------------------------------------------
-    def offer(self, rank: int, ids: tuple[int, ...], now: float, whole: bool = False) -> bool:
-        """A training step submits the same operations in the same order every time, and once
-        they are cached every rank sends nothing but their ids; `whole`: `rank` reports for its
-        whole subtree of the negotiation tree (`relay`). Such a round is set aside (True) while
-        every round so far is the very same sequence of ids of the global process set, with
-        nothing else pending; once the whole world has it, `take` answers with the buckets
-        planned for that sequence before, instead of matching each operation again (Horovod
-        agrees on cached responses with a bit vector, without its coordinator, to the same end).
-        False: submit them one by one, as usual (whatever was set aside went that way too)."""
-        if not ids or self._pending or self._out or self._joined or rank in self._stash:
-            self.spill()
-            return False
-        if self._stash:
-            if ids != self._stash_ids:
-                self.spill()
-                return False
-        elif not self._global(ids):
-            return False
-        else:
-            self._stash_ids, self._stash_since = ids, now
-        self._stash[rank] = whole
-        self._covered += self.tree.subtree_size(rank) if whole else 1
-        return True
-
-    def _global(self, ids: tuple[int, ...]) -> bool:
-        """Every id stands for a live request of the global process set (another set's round
-        never has every rank: it is matched one by one, without waiting)."""
-        by_id = self._by_id
+    # ----- cached operations, agreed by count --------------------------------------------------
+    def receive_ids(self, rank: int, ids: Sequence[int], now: float, whole: bool = False) -> None:
+        """Cache ids that `rank` sent (every rank of its subtree of the negotiation tree, where
+        `whole`: `relay`). A training step submits the same operations every time, so once they
+        are cached every rank sends nothing but their ids, and an operation of the global
+        process set is ready once every rank has sent its id, whatever frames or order they came
+        in: it is counted here, not matched by name, and `take` answers the ids ready together
+        with the buckets planned for them before (Horovod agrees on cached responses with a bit
+        vector, each bit ANDed over the ranks, to the same end). Anything else (another set's
+        id, one dropped, one a rank also sent by name, a world with joined ranks) is submitted
+        one by one, as usual."""
+        counted = self._counted
+        weight = self.tree.subtree_size(rank) if whole else 1
         for cid in ids:
-            req = by_id.get(cid)
-            if req is None or req.process_set_id != 0:
-                return False
-        return True
+            entry = counted.get(cid)
+            if entry is None:
+                req = self._by_id.get(cid)
+                if self._joined or req is None or req.process_set_id != 0:
+                    self._submit_ids(rank, (cid,), whole)
+                    continue
+                key = (0, req.name)
+                if key in self._pending:
+                    self._submit_ids(rank, (cid,), whole)
+                    continue
+                if not counted:
+                    self._counted_since = now
+                counted[cid] = entry = _Count(key)
+                self._counted_ids[key] = cid
+            elif rank in entry.senders:  # a second one before it ran: matched by name
+                self._spill_id(cid)
+                self._submit_ids(rank, (cid,), whole)
+                continue
+            entry.senders[rank] = whole
+            entry.ranks += weight
+            if entry.ranks >= self.size:
+                del counted[cid]
+                del self._counted_ids[entry.key]
+                self._complete.append(cid)
 
     def spill(self) -> None:
-        """Submit what was set aside one by one (a round differed, or it waited too long)."""
-        if not self._stash:
-            return
-        stash, ids = self._stash, self._stash_ids
-        self._stash, self._covered = {}, 0
-        for rank, whole in stash.items():
-            self.submit_round(rank, ids, whole)
+        """Submit every counted id one by one (it waited too long: the stall inspector then sees
+        who is missing; or a join or a process set changed the world's shape)."""
+        for cid in list(self._counted):
+            self._spill_id(cid)
 
-    def submit_round(self, rank: int, ids: tuple[int, ...], whole: bool) -> None:
-        """Submit a round of cache ids one by one, for every rank of `rank`'s subtree where
-        `whole`."""
+    def _spill_id(self, cid: int) -> None:
+        entry = self._counted.pop(cid, None)
+        if entry is not None:
+            del self._counted_ids[entry.key]
+            for rank, whole in entry.senders.items():
+                self._submit_ids(rank, (cid,), whole)
+
+    def _submit_ids(self, rank: int, ids: Sequence[int], whole: bool) -> None:
+        """Submit cache ids one by one, for every rank of `rank`'s subtree where `whole`."""
         for r in self.tree.subtree(rank) if whole else (rank,):
             for cid in ids:
                 if r == 0:
@@ -133,30 +153,27 @@ class Coordinator:
             self.cache.ack(self.tree.subtree(rank), drops_applied)
 
     def has_set_aside(self) -> bool:
-        """Some rank's round waits in `offer`'s stash."""
-        return bool(self._stash)
+        """Some cached operation is counted and not ready yet."""
+        return bool(self._counted)
 
     def stash_age(self, now: float) -> float | None:
-        """How long the oldest round set aside has waited (None: none is)."""
-        return now - self._stash_since if self._stash else None
+        """How long the oldest counted operation has waited (None: none is)."""
+        return now - self._counted_since if self._counted else None
 
-    def _repeated_round(self) -> list[Bucket] | None:
-        """The buckets for a round every rank set aside, planned once per sequence of ids."""
-        if self._covered < self.size:
-            return None
-        ids = self._stash_ids
+    def _counted_round(self) -> list[Bucket]:
+        """The buckets for the ids every rank has sent since the last take, planned once per
+        sequence of ids."""
+        ids = tuple(self._complete)
+        self._complete = []
         buckets = self.cache.plans.get(ids)
         if buckets is None:
             members = self.members[0]
             ready: list[Ready] = []
             for cid in ids:
-                req = self._by_id.get(cid)
-                if req is None or req.process_set_id != 0:
-                    return None  # dropped meanwhile: one by one
+                req = self._by_id.get(cid) or self.cache.resolve(cid)
                 ready.append((0, req.name, dict.fromkeys(members, req), -1, cid))
             buckets = self._plan(ready)
             self.cache.remember_plan(ids, buckets)
-        self._stash, self._covered = {}, 0
         self.repeated_rounds += 1
         self.cached_submissions += (self.size - 1) * len(ids)
         return list(buckets)
@@ -174,7 +191,7 @@ class Coordinator:
         return self._joined
 
     def has_pending(self) -> bool:
-        """Operations some member still owes (rounds set aside by `offer` are not counted)."""
+        """Operations some member still owes by name (the counted ids are not among them)."""
         return bool(self._pending)
 
     def submit_cached(self, rank: int, cache_id: int) -> None:
@@ -183,9 +200,11 @@ class Coordinator:
         self.submit(rank, req if req is not None else self.cache.resolve(cache_id))
 
     def submit(self, rank: int, req: Request) -> None:
-        if self._stash:
-            self.spill()  # first, in the order the rounds came
         key = (req.process_set_id, req.name)
+        if self._counted:
+            cid = self._counted_ids.get(key)
+            if cid is not None:
+                self._spill_id(cid)  # its ranks so far are matched by name, as this one
         members = self.members.get(req.process_set_id)
         if members is None:
             self._out.append(
@@ -262,14 +281,8 @@ class Coordinator:
     # ----- decisions ---------------------------------------------------------------------------
     def take(self) -> list[Response]:
         """Everything decided since the last call, ready operations cut into fusion buckets."""
-        if self._stash:
-            repeated = self._repeated_round()
-            if repeated is not None:
-                return repeated  # type: ignore[return-value]
-            if self._covered >= self.size:
-                self.spill()  # an id no longer cached: planned one by one below
+        responses: list[Response] = self._counted_round() if self._complete else []
         out, self._out = self._out, []
-        responses: list[Response] = []
         run: list[Ready] = []
         for item in out:
             if type(item) is tuple:  # a ready operation (Failure and JoinDone are subclasses)

@@ -20,7 +20,7 @@ from typing import Any
 from hora.collectives._common import SHUT_DOWN
 from hora.collectives._control import channel
 from hora.collectives._control.cache import WorkerCache
-from hora.collectives._control.relay import Relay
+from hora.collectives._control.relay import HOLD_S, Relay
 from hora.collectives._control.responses import ResponseHandler
 from hora.collectives._control.submissions import SubmissionQueue
 from hora.collectives._data.groups import GroupInfo
@@ -45,6 +45,7 @@ class WorkerRound:
         handler: ResponseHandler,
         process_sets: dict[int, GroupInfo],
         timeout_s: float,
+        hold_s: float = HOLD_S,
     ) -> None:
         self.rank = rank
         self._parent_rank, self._parent = parent
@@ -58,7 +59,7 @@ class WorkerRound:
         self._process_sets = process_sets
         self._timeout_s = timeout_s
         self.cache = WorkerCache()
-        self.relay = Relay(rank, tuple(children), self._is_global)
+        self.relay = Relay(rank, tuple(children), self._is_global, hold_s)
         self.ended = False  # rank 0 stopped every rank
         # Requests taken but not sent yet, since when, whether a STOP is among them, and when
         # this rank asked rank 0 to shut down.
