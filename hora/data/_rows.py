@@ -57,21 +57,17 @@ def _gather_values(column: pa.ChunkedArray, chunk: np.ndarray, rows: np.ndarray)
     for c in column.chunks:
         _, offsets, data = c.buffers()
         first = np.frombuffer(offsets, dtype=offsets_type)[c.offset : c.offset + len(c) + 1]
-        views.append((first, np.frombuffer(data, dtype=np.uint8) if data is not None else None))
+        views.append((first, memoryview(data) if data is not None else memoryview(b"")))
     starts = np.empty(len(rows), dtype=np.int64)
     ends = np.empty(len(rows), dtype=np.int64)
     for c, (offsets, _) in enumerate(views):
         mine = chunk == c
         starts[mine] = offsets[rows[mine]]
         ends[mine] = offsets[rows[mine] + 1]
-    lengths = ends - starts
     out_offsets = np.zeros(len(rows) + 1, dtype=offsets_type)
-    np.cumsum(lengths, out=out_offsets[1:])
-    data = np.empty(int(out_offsets[-1]), dtype=np.uint8)
-    at = out_offsets.tolist()
-    for i, (c, a, b) in enumerate(zip(chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)):
-        if b > a:  # (a chunk of empty values has no data buffer)
-            data[at[i] : at[i + 1]] = views[c][1][a:b]
+    np.cumsum(ends - starts, out=out_offsets[1:])
+    values = zip(chunk.tolist(), starts.tolist(), ends.tolist(), strict=True)
+    data = b"".join([views[c][1][a:b] for c, a, b in values])
     buffers = [None, pa.py_buffer(out_offsets), pa.py_buffer(data)]
     return pa.Array.from_buffers(column.type, len(rows), buffers)
 

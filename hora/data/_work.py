@@ -90,11 +90,12 @@ class _Window:
 
 class Worker:
     """One worker's state: the units and windows of the iteration it works for, its segments,
-    and READERS threads of its own that read units (Parquet's reading and decompression leave
-    the interpreter's lock: a unit's read overlaps the batch this thread makes, as
-    DataLoader's worker overlaps its making with the sending of the batch before; and an
-    epoch's first window, which its first batch waits for whole, is read two units at once).
-    `send` answers the rank from any of them."""
+    and threads of its own beside the one that makes batches: READERS that read units
+    (Parquet's reading and decompression leave the interpreter's lock, so a unit's read
+    overlaps the batch being made, and an epoch's first window, which its first batch waits
+    for whole, is read two units at once), and one that packs each batch made into a segment
+    and sends it (a copy of the whole batch: DataLoader's worker, too, sends from a thread of
+    its own). `send` answers the rank from any of them."""
 
     def __init__(self, index: int, job: Job, send: Callable[[tuple[Any, ...]], None]) -> None:
         self.index = index
@@ -102,6 +103,7 @@ class Worker:
         self.generation = 0
         self.units: dict[int, tuple[int, pa.Table]] = {}  # unit -> (first row, its rows)
         self.windows: dict[int, _Window] = {}
+        self.reading: dict[int, threading.Event] = {}  # unit -> set once its read is done
         self.lender = Lender()
         self._send = send
         self._lock = threading.Lock()  # the generation and the units, between the threads
@@ -110,8 +112,12 @@ class Worker:
             threading.Thread(target=self._read_all, name="hora-data-worker-reader", daemon=True)
             for _ in range(READERS)
         ]
-        for reader in self._readers:
-            reader.start()
+        self._packs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._packer = threading.Thread(
+            target=self._pack_all, name="hora-data-worker-packer", daemon=True
+        )
+        for thread in [*self._readers, self._packer]:
+            thread.start()
 
     def handle(self, message: tuple[Any, ...], wanted: Any, descriptors: Any) -> None:
         """Answer one message of the rank (a READ in the reading thread). The segments of the
@@ -119,26 +125,25 @@ class Worker:
         kind = message[0]
         if kind == BATCH and message[4]:
             message = (*message[:4], _mapped(message[4], descriptors), *message[5:])
-        if kind == FREE:
-            self.lender.free(message[1])
-            return
-        if kind == FORGET:
-            self.lender.forget(message[1])
+        if kind in (FREE, FORGET):
+            self._packs.put(message)  # the segments are the packing thread's
             return
         generation = message[1]
         if generation > self.generation:  # a new iteration: the old one's units go
             with self._lock:
                 self.units.clear()
                 self.windows.clear()
+                self.reading.clear()
                 self.generation = generation
         if generation != wanted.value:
             return  # its iteration was abandoned
         if kind == DROP:
             self._drop(set(message[2]))
         elif kind == READ:
-            self._reads.put((wanted, *message[1:]))
+            done = self.reading[message[2]] = threading.Event()
+            self._reads.put((wanted, done, *message[1:]))
         else:
-            self._send(self._batch(*message[1:]))
+            self._packs.put(self._batch(*message[1:]))
 
     def _drop(self, units: set[int]) -> None:
         """Let units go, and the windows that show them (no batch needs them any more)."""
@@ -157,9 +162,12 @@ class Worker:
         files: dict[int, Any] = {}
         try:
             while (task := self._reads.get()) is not None:
-                wanted, generation, *read = task
-                if generation == wanted.value:  # else abandoned while it waited
-                    self._send(self._read(files, generation, *read))
+                wanted, done, generation, *read = task
+                try:
+                    if generation == wanted.value:  # else abandoned while it waited
+                        self._send(self._read(files, generation, *read))
+                finally:
+                    done.set()  # after its answer: the rank hears of a unit before its batches
         except (OSError, EOFError):
             return  # the rank is gone
         finally:
@@ -207,17 +215,43 @@ class Worker:
         for spec in told:
             self.windows[spec[0]] = _Window(spec)
         try:
+            for w in dict.fromkeys(w for w, _, _ in runs):  # units this worker reads itself
+                for u in self.windows[w].spec[3]:
+                    if u not in self.units and u in self.reading:
+                        self.reading[u].wait()
             rows = joined([self.windows[w].rows(self.units, lo, hi) for w, lo, hi in runs])
-            packed = self.lender.pack(self.job.make(rows))
+            return (BATCH, generation, step, self.job.make(rows))
         except BaseException:
             return (BATCH, generation, step, self._failure())
-        return (BATCH, generation, step, packed)
+
+    def _pack_all(self) -> None:
+        """The packing thread: each batch made, packed and sent; the segments the rank frees
+        or forgets; it ends at None, or when the rank is gone."""
+        try:
+            while (task := self._packs.get()) is not None:
+                if task[0] == FREE:
+                    self.lender.free(task[1])
+                elif task[0] == FORGET:
+                    self.lender.forget(task[1])
+                elif isinstance(task[3], Failure):
+                    self._send(task)
+                else:
+                    self._send(self._packed(*task))
+        except (OSError, EOFError):
+            return  # the rank is gone
+
+    def _packed(self, kind: str, generation: int, step: int, made: Any) -> tuple[Any, ...]:
+        try:
+            return (kind, generation, step, self.lender.pack(made))
+        except BaseException:
+            return (kind, generation, step, self._failure())
 
     def close(self) -> None:
         for _ in self._readers:
             self._reads.put(None)
-        for reader in self._readers:
-            reader.join()
+        self._packs.put(None)
+        for thread in [*self._readers, self._packer]:
+            thread.join()
         self.windows.clear()
         self.units.clear()
 

@@ -83,12 +83,17 @@ class _Iteration:
         self.to_read = collections.deque(sorted(self.first, key=self.first.__getitem__))
         self.ready: dict[int, Any] = {}
         self.holders: dict[int, set[int]] = collections.defaultdict(set)
+        self.reader: dict[int, int] = {}  # unit -> the worker reading it
         self.told: dict[int, set[int]] = collections.defaultdict(set)
         self.held = 0  # bytes of the units read or being read, not yet let go
         self.results: dict[int, dict[str, Any]] = {}
 
-    def can_make(self, step: int) -> bool:
-        return all(u in self.ready for u in self.plan.units_of(step))
+    def can_make(self, step: int, worker: int) -> bool:
+        """Whether every unit batch `step` needs is read, or is being read by `worker`, whose
+        batch waits for it there (no round trip through the rank)."""
+        return all(
+            u in self.ready or self.reader.get(u) == worker for u in self.plan.units_of(step)
+        )
 
 
 class WorkerPool:
@@ -168,19 +173,17 @@ class WorkerPool:
                 self._read_ahead(it, budget, sent)
                 while sent < len(plan.batches) and len(pending) < _PER_WORKER * self.count:
                     more = (len(pending) + 1) * result_bytes <= budget
-                    if (pending and not more) or not it.can_make(sent):
+                    if (pending and not more) or not it.can_make(sent, sent % self.count):
                         break
                     self._send_batch(it, sent)
                     pending.append(sent)
                     sent += 1
-                if not pending:
-                    if sent == len(plan.batches):
-                        return
-                    self._wait(it, names)  # for a unit of batch `sent`
-                    continue
-                step = pending[0]
-                while step not in it.results:
+                if not pending and sent == len(plan.batches):
+                    return
+                step = pending[0] if pending else None
+                if step not in it.results:  # (None: batch `sent` waits for a unit)
                     self._wait(it, names)
+                    continue  # what came may let more batches go out
                 pending.popleft()
                 arrays = it.results.pop(step)
                 result_bytes = max(result_bytes, _nbytes(arrays))
@@ -213,6 +216,8 @@ class WorkerPool:
             shared = len(users) > 1
             self._send(worker, (READ, it.generation, u, unit.start, unit.pieces, shared))
             self._doing[worker].append((it.generation, READ, u))
+            it.reader[u] = worker
+            it.holders[u].add(worker)
             it.to_read.popleft()
             it.held += unit.bytes
 
