@@ -3,11 +3,11 @@ at once (torch's default) or on first use (`TORCH_GLOO_LAZY_INIT=1`), and what t
 collectives cost after it.
 
 Real jobs (`--sizes`): each rank of a real hora job (the local engine, `np` processes on this
-machine) times, after torch is imported: torch's default group (`init_process_group("gloo")`: a full mesh, every rank
-connected to every other, N (N - 1) / 2 pairs), `hvd.init()` on top of it (hora's own world
-group, another mesh, its negotiation tree and shared memory), then a first and a second
-allreduce of one float. The slowest rank's figure is the world's; each setting alternates
-with the other, `--reps` times.
+machine) times, once every rank has imported torch: torch's default group
+(`init_process_group("gloo")`: a full mesh, every rank connected to every other, N (N - 1) / 2
+pairs), `hvd.init()` on top of it (hora's own world group, another mesh, its negotiation tree
+and shared memory), then a first and a second allreduce of one float. The slowest rank's figure
+is the world's; each setting alternates with the other, `--reps` times.
 
 Simulated meshes (`--simulate`): N gloo groups made in one process, a thread per rank, over a
 store that counts each rank's operations; a group's start, the store operations it costs a
