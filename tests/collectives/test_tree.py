@@ -76,6 +76,16 @@ def test_ids_the_whole_subtree_sent_go_up_as_one_report_whatever_the_frames_and_
     assert relay.take() == [(1, True, 1, (5,))] and not relay.holding()
 
 
+def test_a_senders_ids_held_go_up_before_its_word_chosen_after_a_cache_drop() -> None:
+    relay = _relay()
+    relay.child(3, (3, True, 0, (5,)), now=0.0)
+    relay.child(3, (3, True, 1, (6,)), now=0.0)  # it applied a CacheDrop since
+    assert relay.take() == [(3, True, 0, (5,))] and relay.holding()  # 6 held, at drops 1
+    relay.own(1, [6], now=0.0)
+    relay.child(4, (4, True, 1, (6,)), now=0.0)
+    assert relay.take() == [(1, True, 1, (6,))]
+
+
 def test_anything_else_goes_up_at_once_after_what_was_held() -> None:
     relay = _relay()
     relay.child(3, (3, True, 0, (5, 6)), now=0.0)

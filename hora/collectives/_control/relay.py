@@ -10,7 +10,8 @@ hears its few children's reports, not the world's.
 A training step submits the same operations every time, so once they are cached a rank's round
 is a tuple of ids. Each id is held here until this rank and every child's whole subtree have
 sent it, in whatever frames and order, and then goes up with the others complete at the same
-time, as one report (Horovod ANDs a bit per cached operation over the ranks, to the same end).
+time, as one report (a sender's ids chosen before it applied a CacheDrop go up before any it
+chose after) (Horovod ANDs a bit per cached operation over the ranks, to the same end).
 Anything else (requests, a join, a stop, another process set's id, a report that is not a
 subtree's) goes up at once, after whatever was held, so each rank's reports keep their order.
 Ids held longer than `hold_s` go up as they are, so that rank 0's stall inspector sees who is
@@ -51,7 +52,8 @@ class Relay:
         self._senders = frozenset((rank, *children))  # this rank and each child
         self._is_global = is_global  # whether a cache id is a request of the global set
         self._held: dict[int, list[int]] = {}  # id -> the senders that sent it, in order
-        self._drops: dict[int, int] = {}  # sender -> the drops of its latest report
+        # sender -> the drops its held ids were chosen at (all alike: see `_hold`)
+        self._drops: dict[int, int] = {}
         self._since = 0.0
         # Ids sent up before every sender had them: who still owes each.
         self._late: dict[int, set[int]] = {}
@@ -102,6 +104,7 @@ class Relay:
         self._held = {}
         for sender, ids in by_sender.items():
             self.out.append((sender, sender != self.rank, self._drops[sender], tuple(ids)))
+        self._drops = {}
 
     def take(self) -> list[Report]:
         out, self.out = self.out, []
@@ -111,6 +114,10 @@ class Relay:
         if self._joined:
             self._pass((sender, whole, drops, ids))
             return
+        if self._drops.get(sender, drops) != drops:
+            # Its earlier ids go up first: rank 0 forgets a dropped id once every rank has said
+            # it applied the drop, so no id may reach it after a later word of the same sender.
+            self.flush()
         if not self._held:
             self._since = now
         self._drops[sender] = drops
