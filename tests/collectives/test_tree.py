@@ -234,7 +234,7 @@ class _Closed:
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     size=st.integers(2, 12),
@@ -243,17 +243,22 @@ class _Closed:
     steps=st.integers(1, 4),
     with_set=st.booleans(),
     bad_step=st.integers(-1, 3),
+    capacity=st.sampled_from([2, 64]),
     seed=st.integers(0, 2**16),
 )
 def test_every_rank_agrees_on_what_the_star_agrees_on(
-    world, size, fanout, names, steps, with_set, bad_step, seed
+    world, size, fanout, names, steps, with_set, bad_step, capacity, seed
 ) -> None:
-    """Random submission orders, frames and step orders; an operation of a process set and a
-    mismatch now and then: the tree's world and the star's run the same operations and fail the
-    same ones, and every rank of each runs them in one order."""
+    """Random submission orders, frames and step orders; an operation of a process set, a
+    mismatch now and then, a response cache too small for a step (ids evicted and dropped while
+    ranks still send them): the tree's world and the star's run the same operations and fail
+    the same ones, and every rank of each runs them in one order."""
     members = tuple(range(0, size, 2))
     sets = {1: members} if with_set else {}
-    worlds = {"tree": world(size, fanout, sets=sets), "star": world(size, size, sets=sets)}
+    worlds = {
+        "tree": world(size, fanout, sets=sets, cache_capacity=capacity),
+        "star": world(size, size, sets=sets, cache_capacity=capacity),
+    }
     outcome = {}
     for kind, w in worlds.items():
         rng = random.Random(seed)

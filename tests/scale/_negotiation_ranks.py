@@ -17,7 +17,10 @@ module's `main` only).
 Lines on stdin and stdout are JSON: the config; this process's parents' addresses; everyone's
 parents' addresses; "connected"; "go"; the results. Faults in the config: `exit` (a rank's
 process dies at the start of a round: its sockets close) and `hang` (a rank's training thread
-stops submitting at a round; its loop still relays, as a hung user thread's does).
+stops submitting at a round; its loop still relays, as a hung user thread's does). A "ghost"
+rank stands for its whole subtree without its children (its reports are its subtree's): one
+root-to-leaf path of live ranks, each in a process of its own, with ghosts for the other
+branches, times a round's way through the tree when no rank is late.
 """
 
 from __future__ import annotations
@@ -72,8 +75,10 @@ class SimRank:
         names: list[str],
         rounds: int,
         faults: dict[str, Any],
+        stands_for: list[int] | None = None,
     ) -> None:
         self.rank = rank
+        self.stands_for = stands_for  # a ghost's whole subtree (see the module's docstring)
         self.parent_rank, self.parent = parent
         self.children = children
         self.names = names
@@ -104,7 +109,11 @@ class SimRank:
             else Request(n, ALLREDUCE, 0, ("float32",), ((NBYTES // 4,),), "cpu", NBYTES)
             for n in self.names
         ]
-        self.relay.own(self.drops, items, now)
+        if self.stands_for and not all(type(i) is int for i in items):
+            # a ghost's first round: every rank of its subtree sends its requests by name
+            self.relay.out.extend((r, False, self.drops, items) for r in self.stands_for)
+        else:
+            self.relay.own(self.drops, items, now)
         self.send_up()
 
     def send_up(self) -> None:
@@ -245,17 +254,27 @@ def _connect_all(
 def main() -> None:
     config = _hear()
     n, fanout = config["n"], config["fanout"]
-    first, last = config["ranks"]
+    mine = config["ranks"]
+    ghosts = set(config.get("ghosts", ()))
     key = bytes.fromhex(config["key"])
     tree = NegotiationTree(n, fanout)
-    mine = list(range(first, last + 1))
-    listeners = {r: channel.listen("127.0.0.1") for r in mine if tree.children(r)}
+    listeners = {
+        r: channel.listen("127.0.0.1") for r in mine if tree.children(r) and r not in ghosts
+    }
     _say({"addresses": {str(r): address for r, (_, address) in listeners.items()}})
     where = _hear()["addresses"]
     began = time.monotonic()
     made = _connect_all(mine, tree, key, {r: s for r, (s, _) in listeners.items()}, where)
     ranks = {
-        r: SimRank(r, up, down, config["names"], config["rounds"], config.get("faults", {}))
+        r: SimRank(
+            r,
+            up,
+            down,
+            config["names"],
+            config["rounds"],
+            config.get("faults", {}),
+            tree.subtree(r) if r in ghosts else None,
+        )
         for r, (up, down) in made.items()
     }
     _say({"connected": time.monotonic() - began})

@@ -107,17 +107,30 @@ class World:
     sims_cpu_s: float = 0.0
 
 
-def _blocks(n: int, procs: int) -> list[tuple[int, int]]:
-    """Ranks 1 .. n-1 cut into `procs` contiguous blocks."""
+def _blocks(n: int, procs: int) -> list[dict[str, Any]]:
+    """Ranks 1 .. n-1 cut into `procs` contiguous blocks, one process each."""
     workers = n - 1
     procs = max(1, min(procs, workers))
     size, extra = divmod(workers, procs)
     blocks, first = [], 1
     for p in range(procs):
         last = first + size - 1 + (1 if p < extra else 0)
-        blocks.append((first, last))
+        blocks.append({"ranks": list(range(first, last + 1))})
         first = last + 1
     return blocks
+
+
+def _path(tree: NegotiationTree) -> list[dict[str, Any]]:
+    """The path from rank 0 down to the last rank, one process for each rank on it, and one
+    for the ghosts: the other children of the path's ranks, each its whole subtree."""
+    path = [tree.size - 1]
+    while path[-1] != 0:
+        parent = tree.parent(path[-1])
+        assert parent is not None
+        path.append(parent)
+    on_path = set(path)
+    ghosts = [c for r in path for c in tree.children(r) if c not in on_path]
+    return [{"ranks": [r]} for r in reversed(path[:-1])] + [{"ranks": ghosts, "ghosts": ghosts}]
 
 
 class _Group:
@@ -166,9 +179,12 @@ def world(
     faults: dict[str, dict[str, int]] | None = None,
     stall: StallSettings | None = None,
     seconds: float = 60.0,
+    path: bool = False,
 ) -> World:
     """Run `steps` steps of `ops` allreduces on a simulated world of `n` ranks (rank 0 real);
-    `faults`: {"exit": {rank: step}} or {"hang": {rank: step}} (see _negotiation_ranks)."""
+    `faults`: {"exit": {rank: step}} or {"hang": {rank: step}} (see _negotiation_ranks).
+    `path`: only the path to the deepest rank is live, a process per rank, and the other
+    branches are ghosts on time: a step's time is then a round's way through the tree."""
     key = os.urandom(32)
     tree = NegotiationTree(n, fanout)
     config = {
@@ -180,7 +196,8 @@ def world(
         "faults": {k: {str(r): s for r, s in v.items()} for k, v in (faults or {}).items()},
         "seconds": seconds,
     }
-    groups = [_Group({**config, "ranks": block}) for block in _blocks(n, procs)]
+    shape = _path(tree) if path else _blocks(n, procs)
+    groups = [_Group({**config, **part}) for part in shape]
     try:
         return _run(n, fanout, tree, key, groups, steps, ops, stall, seconds)
     finally:
