@@ -146,6 +146,25 @@ def test_a_round_left_waiting_is_spilled_where_the_stall_inspector_sees_it() -> 
     assert [e.name for e in bucket.entries] == ["a"] and not c.pending
 
 
+def test_an_id_evicted_while_counted_travels_in_full() -> None:
+    c = Coordinator(2, 1 << 20, cache_capacity=1)
+    (a,) = _cached(c, ["a"])
+    c.receive_ids(0, (a,), now=0.0)  # counted ...
+    (_, drop) = _cached_responses(c, "b")  # ... "b" evicts "a" meanwhile
+    assert drop == CacheDrop((a,))
+    c.receive_ids(1, (a,), now=0.0)  # rank 1 chose the id before it saw the drop
+    (bucket,) = c.take()
+    (entry,) = bucket.entries
+    assert entry.name == "a" and entry.cached == -1  # in full: the ranks forgot the id
+    assert Bucket.__reduce__(bucket)[1][2] == [entry]
+
+
+def _cached_responses(c: Coordinator, name: str) -> list:
+    for rank in (0, 1):
+        c.submit(rank, req(name))
+    return c.take()
+
+
 def test_a_dropped_id_is_planned_one_by_one() -> None:
     c = Coordinator(2, 1 << 20, cache_capacity=1)
     (a,) = _cached(c, ["a"])

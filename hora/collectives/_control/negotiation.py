@@ -162,18 +162,34 @@ class Coordinator:
 
     def _counted_round(self) -> list[Bucket]:
         """The buckets for the ids every rank has sent since the last take, planned once per
-        sequence of ids."""
+        sequence of ids; each is the most recently used in the cache now. An id evicted or
+        dropped since it was first counted (its CacheDrop may have reached the ranks already)
+        travels in full, not as its id."""
         ids = tuple(self._complete)
         self._complete = []
-        buckets = self.cache.plans.get(ids)
+        entries, by_id = self._cached, self._by_id
+        live = True
+        for cid in ids:
+            req = by_id.get(cid)
+            if req is None:
+                live = False
+                continue
+            key = (0, req.name)
+            entries[key] = entries.pop(key)
+        buckets = self.cache.plans.get(ids) if live else None
         if buckets is None:
             members = self.members[0]
             ready: list[Ready] = []
             for cid in ids:
-                req = self._by_id.get(cid) or self.cache.resolve(cid)
-                ready.append((0, req.name, dict.fromkeys(members, req), -1, cid))
+                req = by_id.get(cid)
+                if req is None:
+                    req = self.cache.resolve(cid)
+                    ready.append((0, req.name, dict.fromkeys(members, req), -1, -1))
+                else:
+                    ready.append((0, req.name, dict.fromkeys(members, req), -1, cid))
             buckets = self._plan(ready)
-            self.cache.remember_plan(ids, buckets)
+            if live:
+                self.cache.remember_plan(ids, buckets)
         self.repeated_rounds += 1
         self.cached_submissions += (self.size - 1) * len(ids)
         return list(buckets)
