@@ -95,7 +95,9 @@ def translate(world: World, message: Any) -> Any:
     if not isinstance(message, FROM_A_RANK):
         return message
     rank = world.rank_of(message.rank)
-    return None if rank is None else message._replace(rank=rank)
+    if rank is None or rank == message.rank:  # gone, or its id is its rank (no world re-formed)
+        return None if rank is None else message
+    return message._replace(rank=rank)
 
 
 def hear(world: World, message: Any, decided: Callable[[Any], None]) -> Any:

@@ -78,6 +78,7 @@ _LIFECYCLE = (Hello, Result, Error, Exited, EngineFailed)
 _ENDS_A_PART = (Result, Error, Exited, EngineFailed, Resized)
 TICK_SECONDS = 0.05
 SILENCE_POLL_SECONDS = 0.25
+BUSY_TURN = 16  # messages in a turn past which the loop takes the rest at the next turn
 
 
 class Monitor:
@@ -153,24 +154,28 @@ class Monitor:
 
     # -- the loop ---------------------------------------------------------------------------
     def watch(self, limits: Limits) -> dict[int, bytes | None]:
-        """Every message handled as it comes; a turn (silence, state, ticks, the end, limits)
-        every TICK_SECONDS and after a message that may end a rank's part: not per message."""
+        """Every message handled as it comes (past BUSY_TURN in a turn, the rest at the next:
+        one wake-up a turn for a thousand ranks' reports); a turn (silence, state, ticks, the
+        end, limits) every TICK_SECONDS and after a message that may end a rank's part."""
         start_deadline = time.monotonic() + limits.start_timeout
         self.start_timeout = self.world.confirm_wait = limits.start_timeout
         self._all_done_at: float | None = None
-        next_turn = 0.0
+        next_turn, handled = 0.0, 0
         while True:
             now = time.monotonic()
             if now >= next_turn:
                 if self._turn(now, limits, start_deadline):
                     self._enter(AttemptState.SUCCEEDED)
                     return self.results
-                next_turn = now + TICK_SECONDS
+                next_turn, handled = now + TICK_SECONDS, 0
             try:
-                conn, message = self.group.events.get(timeout=max(0.0, next_turn - now))
+                busy = handled >= BUSY_TURN
+                conn, message = self.group.events.get(not busy, max(0.0, next_turn - now))
             except queue.Empty:
+                time.sleep(max(0.0, next_turn - now) if busy else 0.0)
                 continue
             self.handle(conn, message)
+            handled += 1
             if message is None or isinstance(message, _ENDS_A_PART):
                 next_turn = 0.0
 
@@ -372,12 +377,7 @@ class Monitor:
             print(f"hora: {failure.headline()}; stopping the attempt", file=sys.stderr, flush=True)
 
     def _finished(self, rank: int) -> bool:
-        return (
-            rank in self.results
-            or rank in self.exits
-            or rank in self.closed
-            or rank in self.resized
-        )
+        return any(rank in done for done in (self.results, self.exits, self.closed, self.resized))
 
     def send_all(self, message: Any) -> None:
         """Send `message` to every rank whose channel is still open."""

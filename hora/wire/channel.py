@@ -159,8 +159,9 @@ class Connection:
         self._allowed = allowed
         self._send_lock = threading.Lock()
         self.peer: Any = None  # set by the owner (for example the rank on the other end)
-        #: `time.monotonic()` when a frame last came from the peer (a `Server` sets it)
-        self.heard_at = time.monotonic()
+        #: `time.monotonic()` when a frame last came from the peer (a `Server` sets it), and
+        #: when this end last sent one
+        self.heard_at = self.sent_at = time.monotonic()
         #: a `Server`'s connection is closed by its reading thread, which hears the shutdown
         self._closed_by_reader = False
 
@@ -168,6 +169,7 @@ class Connection:
         payload = pack(message)
         with self._send_lock:
             send_frame(self._sock, payload)
+            self.sent_at = time.monotonic()
 
     def recv(self) -> Any:
         return loads(recv_frame(self._sock), self._allowed)

@@ -11,9 +11,11 @@ The run is elastic (min_np = n - 2, max_np = n, so it never grows) and goes thro
 
 1. launch: `ready_s`, from `run()` to every rank holding its job and past the store's barrier;
    `store_ops_per_rank`, the store operations hora's code made per rank on the way;
-2. steady state, every rank running (heartbeats every 2 s as a real rank, a metric every
-   `metrics_s`, an output line every `output_s`): `driver_cpu_percent`, this process's CPU (the
-   driver, its channel and the store's server; % of one core) over `steady_s`;
+2. steady state, every rank running (a metric every `metrics_s` and a line every `output_s`,
+   a heartbeat as a real rank sends it: after 2 s without another message, or every 2 s with
+   `beats="always"`, as hora's ranks did before): `driver_cpu_percent`, this process's CPU
+   (the driver, its channel, the store's server, the launcher's pumps; % of one core) over
+   `steady_s`;
 3. one rank's process ends: `detect_exit_s`, from its sockets' close to the driver's verdict
    naming it (the line "resizing in place ... (rank r failed ..."); `reform_s`, from the loss to
    every survivor told its new place and past the new world's barrier (Formed);
@@ -105,6 +107,7 @@ class SimLauncher(Launcher):
                 "metrics_s": self.options.get("metrics_s", 2.0),
                 "output_s": self.options.get("output_s", 10.0),
                 "start_barrier": self.options.get("start_barrier", True),
+                "beats": self.options.get("beats", "when quiet"),
             }
             proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.scale._sim_ranks"],
@@ -178,6 +181,8 @@ SIM = Engine(
         "output_s": "seconds between a rank's output lines",
         "wait_s": "the store barrier's wait",
         "start_barrier": "whether the ranks gather through hora's barrier at start",
+        "beats": "'when quiet' (a heartbeat after 2 s without another message: hora.rank.worker"
+        " since issue 45) or 'always' (every 2 s: before)",
     },
     summary="simulated ranks (tests/scale)",
 )

@@ -153,7 +153,12 @@ class Sim:
             if rank is None or not rank.alive:
                 continue
             every = self.cfg[f"{kind}_s"]
-            if kind == "heartbeat":
+            if kind == "heartbeat" and self.cfg["beats"] == "when quiet":
+                if now - rank.last_sent < every:  # a rank's other words say it is there
+                    self.at(rank.last_sent + every, kind, ident)
+                    continue
+                rank.send(Heartbeat(ident))
+            elif kind == "heartbeat":
                 rank.send(Heartbeat(ident))
             elif kind == "metrics":
                 step = int((now - self.t0) / every)
