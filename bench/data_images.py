@@ -23,8 +23,8 @@ Rounds alternate the contenders; each round times one epoch of each, worker star
 With `--ranks R`, each contender runs as R processes started together (each with K workers:
 hora's ranks split the rows, DataLoader's take every R-th row group), and a rank's rate is its
 rows over its own epoch. Printed: the best and the median of the rounds in rows/s per rank, the
-ratios (of the best, and of the medians), and K x one core's rate (the same rows made in a loop
-in this process) as the ceiling.
+ratios (of the best, and of the medians), and K x one core's rate (the same function on up to
+500 of the rows, in batches, in this process) as the ceiling.
 
     .venv/bin/python bench/data_images.py                            # K = 1 and 2, 2,000 images
     .venv/bin/python bench/data_images.py --rows 4000 --side 192 --group 250 --batch 250
@@ -95,11 +95,16 @@ def transform() -> Any:
     return decode if SETTINGS["workload"] == "images" else tokenize
 
 
-def made_one(value: Any) -> Any:
-    """One row made alone (the ceiling's unit of work)."""
-    if SETTINGS["workload"] == "images":
-        return decode_one(value)
-    return tokenizer().encode(value).ids
+def one_core(rows: list[Any], batch: int) -> float:
+    """Rows/s of the workload's function on up to 500 of the rows, in batches, in this process
+    (the ceiling's unit: K workers make at most K times this)."""
+    sample = rows[: min(500, len(rows))]
+    name = "image" if SETTINGS["workload"] == "images" else "text"
+    start = time.perf_counter()
+    for first in range(0, len(sample), batch):
+        part = sample[first : first + batch]
+        transform()({name: part, "label": np.arange(len(part))})
+    return len(sample) / (time.perf_counter() - start)
 
 
 def write_rows(folder: Path, count: int, group: int, mds: bool) -> tuple[Path, Path, list[Any]]:
@@ -320,11 +325,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="hora-bench-rows-"))
     try:
         parquet, mds, rows = write_rows(root, args.rows, args.group, "mosaic" in kinds)
-        sample = rows[: min(500, len(rows))]
-        start = time.perf_counter()
-        for value in sample:
-            made_one(value)
-        single = len(sample) / (time.perf_counter() - start)
+        single = one_core(rows, args.batch)
         size = os.path.getsize(parquet) / len(rows) / 1e3
         what = (
             f"JPEGs of {args.side}x{args.side}"

@@ -11,15 +11,17 @@ import pyarrow as pa
 
 def gather(table: pa.Table, indices: np.ndarray) -> pa.Table:
     """The rows `indices` of `table`, in that order. A column of several chunks (a window's row
-    groups) is gathered chunk by chunk and put in order after: Arrow's own `take` joins every
-    chunk of a text or bytes column first, a copy of the whole window for each batch."""
+    groups) of bytes, text or arrays is gathered chunk by chunk and put in order after: Arrow's
+    own `take` joins every chunk of it first, a copy of the whole window for each batch."""
     indices = np.asarray(indices, dtype=np.int64)
     return pa.table([_gather(c, indices) for c in table.columns], schema=table.schema)
 
 
-def _gather(column: pa.ChunkedArray, indices: np.ndarray) -> pa.Array:
+def _gather(column: pa.ChunkedArray, indices: np.ndarray) -> pa.Array | pa.ChunkedArray:
     if column.num_chunks == 1:
         return column.chunk(0).take(pa.array(indices))
+    if pa.types.is_primitive(column.type):  # fixed-width values: Arrow's take joins nothing
+        return column.take(pa.array(indices))
     if not len(indices) or not column.num_chunks:
         return pa.array([], type=column.type)
     bounds = np.cumsum([0] + [len(c) for c in column.chunks])
