@@ -69,9 +69,10 @@ class _Iteration:
     """One iteration's bookkeeping: the units to read, read and being read, who holds them,
     which windows each worker was told of."""
 
-    def __init__(self, generation: int, plan: Plan, workers: int) -> None:
+    def __init__(self, generation: int, plan: Plan, workers: int, names: _Names) -> None:
         self.generation = generation
         self.plan = plan
+        self.names = names
         self.first: dict[int, int] = {}  # unit -> the first batch that needs it
         self.last: dict[int, int] = {}
         self.users: dict[int, set[int]] = collections.defaultdict(set)  # unit -> its workers
@@ -163,8 +164,7 @@ class WorkerPool:
         self._wanted.value = self._generation
         for doing in self._doing:
             doing.clear()
-        it = _Iteration(self._generation, plan, self.count)
-        names = (where, where_unit)
+        it = _Iteration(self._generation, plan, self.count, (where, where_unit))
         pending: collections.deque[int] = collections.deque()
         sent = result_bytes = 0
         try:
@@ -182,7 +182,7 @@ class WorkerPool:
                     return
                 step = pending[0] if pending else None
                 if step not in it.results:  # (None: batch `sent` waits for a unit)
-                    self._wait(it, names)
+                    self._wait(it)
                     continue  # what came may let more batches go out
                 pending.popleft()
                 arrays = it.results.pop(step)
@@ -193,8 +193,19 @@ class WorkerPool:
             if not self._broken:
                 self._let_go(it, list(it.ready))
 
-    def _send(self, worker: int, message: tuple[Any, ...]) -> None:
-        self._inputs[worker].send(message)
+    def _send(self, it: _Iteration, worker: int, message: tuple[Any, ...], fds: Any = ()) -> None:
+        """A message to a worker (its units' descriptors first, on the socket beside the pipe:
+        no thread of the rank's serves them, as pickling a segment would start); a worker
+        found dead by it fails the loop as a death found waiting would."""
+        try:
+            if fds:
+                socket.send_fds(self._descriptors[worker], [bytes([len(fds)])], fds)
+            self._inputs[worker].send(message)
+        except OSError:
+            self._processes[worker].join(timeout=_POLL_SECONDS)
+            if self._processes[worker].is_alive():
+                raise
+            self._died(worker, it)
 
     def _read_ahead(self, it: _Iteration, budget: int, step: int) -> None:
         """Read the units batch `step` needs, then those of the batches sent after it, 2 K
@@ -214,7 +225,7 @@ class WorkerPool:
             else:
                 worker = min(range(self.count), key=lambda w: len(self._doing[w]))
             shared = len(users) > 1
-            self._send(worker, (READ, it.generation, u, unit.start, unit.pieces, shared))
+            self._send(it, worker, (READ, it.generation, u, unit.start, unit.pieces, shared))
             self._doing[worker].append((it.generation, READ, u))
             it.reader[u] = worker
             it.holders[u].add(worker)
@@ -239,10 +250,8 @@ class WorkerPool:
                 covering = tuple(plan.covering[w])
                 told.append((w, window.start, window.rows, covering, plan.orders[w]))
                 it.told[worker].add(w)
-        if descriptors:  # passed beside the message, before it (no thread of the rank's serves
-            # them, as pickling a segment would start: multiprocessing's resource sharer)
-            socket.send_fds(self._descriptors[worker], [bytes([len(descriptors)])], descriptors)
-        self._send(worker, (BATCH, it.generation, step, plan.batches[step], given, told))
+        message = (BATCH, it.generation, step, plan.batches[step], given, told)
+        self._send(it, worker, message, descriptors)
         self._doing[worker].append((it.generation, BATCH, step))
 
     def _let_go(self, it: _Iteration, units: Sequence[int]) -> None:
@@ -256,38 +265,37 @@ class WorkerPool:
                     by_worker[worker].append(u)
         for worker, dropped in by_worker.items():
             with contextlib.suppress(OSError):  # a worker gone: it unmapped them with its end
-                self._send(worker, (DROP, it.generation, dropped))
+                self._inputs[worker].send((DROP, it.generation, dropped))
 
     def _give_back(self) -> None:
         """Tell the workers which of their segments the loop let go (or no longer watched)."""
         free, forget = self._borrower.released()
         for kind, found in ((FREE, free), (FORGET, forget)):
             for worker, numbers in found.items():
-                with contextlib.suppress(OSError):
-                    self._send(worker, (kind, numbers))
+                with contextlib.suppress(OSError):  # a worker gone: found by the next wait
+                    self._inputs[worker].send((kind, numbers))
 
-    def _wait(self, it: _Iteration, names: _Names) -> None:
+    def _wait(self, it: _Iteration) -> None:
         """Take whatever the workers answered (waiting up to a poll's time for something)."""
         ready = multiprocessing.connection.wait(self._outputs, timeout=_POLL_SECONDS)
         if not ready:
             for worker, process in enumerate(self._processes):
                 if not process.is_alive():
-                    self._died(worker, it, names)
+                    self._died(worker, it)
         for found in ready:
             worker = next(i for i, c in enumerate(self._outputs) if c is found)
             try:
                 message = self._outputs[worker].recv()
             except (EOFError, OSError):  # its end of the pipe closed: it died
                 self._processes[worker].join(timeout=_POLL_SECONDS)
-                self._died(worker, it, names)
-            self._take(worker, message, it, names)
+                self._died(worker, it)
+            self._take(worker, message, it)
 
     def _take(
         self,
         worker: int,
         message: tuple[Any, ...],
         it: _Iteration,
-        names: _Names,
     ) -> None:
         kind, generation, key, payload = message
         with contextlib.suppress(ValueError):
@@ -296,7 +304,7 @@ class WorkerPool:
         if isinstance(payload, Failure):
             if not current:
                 return
-            what = _doing(names, it, kind if kind == BATCH else READ, key)
+            what = _doing(it, kind if kind == BATCH else READ, key)
             raise LoaderWorkerError(
                 f"hora.data's loader worker {payload.worker} (pid {payload.pid}) raised while "
                 f"{what}:\n{payload.traceback}"
@@ -314,10 +322,10 @@ class WorkerPool:
         if self._broken is not None:
             raise LoaderWorkerError(self._broken)
 
-    def _died(self, worker: int, it: _Iteration, names: _Names) -> NoReturn:
+    def _died(self, worker: int, it: _Iteration) -> NoReturn:
         process = self._processes[worker]
         doing = [d for d in self._doing[worker] if d[0] == it.generation]
-        what = "idle" if not doing else _doing(names, it, doing[0][1], doing[0][2])
+        what = "idle" if not doing else _doing(it, doing[0][1], doing[0][2])
         self._broken = (
             f"hora.data's loader worker {worker} (pid {process.pid}) died "
             f"({_exit_reason(process.exitcode)}) while {what}; the loader's workers are gone (a "
@@ -348,11 +356,11 @@ class WorkerPool:
             end.close()
 
 
-def _doing(names: _Names, it: _Iteration, kind: str, key: int) -> str:
+def _doing(it: _Iteration, kind: str, key: int) -> str:
     """What a worker was doing, with the row groups it read."""
     if kind == BATCH:
-        return f"making batch {key} from {names[0](it.plan.batches[key])}"
-    return f"reading {names[1](key)}"
+        return f"making batch {key} from {it.names[0](it.plan.batches[key])}"
+    return f"reading {it.names[1](key)}"
 
 
 def _exit_reason(code: int | None) -> str:
