@@ -243,6 +243,15 @@ def test_workers_checked_and_chosen(images, monkeypatch):
     assert images.loader(4, columns=["id"], rank=0, size=1).num_workers == 0
     with_transform = images.loader(4, columns=COLUMNS, transform=decode, rank=0, size=1)
     assert 1 <= with_transform.num_workers <= hora.data.MAX_DEFAULT_WORKERS
+    # several ranks on a host split its cores: each its share less its own, at least one
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    place = {"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "GROUP_RANK": "0"}
+    place["GROUP_WORLD_SIZE"] = "2"
+    for ranks_here, workers in ((1, 8), (2, 7), (4, 3), (8, 1), (16, 1)):
+        for name, value in {**place, "LOCAL_WORLD_SIZE": str(ranks_here)}.items():
+            monkeypatch.setenv(name, value)
+        loader = images.loader(4, columns=COLUMNS, transform=decode, rank=0, size=1)
+        assert loader.num_workers == workers, ranks_here
 
 
 def test_pin_memory_without_cuda_warns_and_a_device_is_honoured(images):
