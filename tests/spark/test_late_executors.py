@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -97,8 +98,9 @@ def test_a_launch_waits_for_executors_still_registering_saying_what_it_waits_for
         late.join()
         stop_spark(session)
     lines = [line for line in said.getvalue().splitlines() if line.startswith("hora: ")]
-    assert (
-        "hora: np=2 needs 2 Spark task slots at once; the cluster can run 1 now (1 executors "
-        "registered): waiting up to start_timeout=600 s for more executors to register"
-    ) in lines, lines
-    assert "hora: the cluster can run 2 tasks at once now; np=2 starts" in lines, lines
+    waiting = re.compile(
+        r"hora: np=2 needs 2 Spark task slots at once; the cluster can run [01] now \([01] "
+        r"executors registered\): waiting up to start_timeout=600 s for more executors to register"
+    )  # (the first worker's executor may still be registering too)
+    assert any(waiting.fullmatch(line) for line in lines), lines
+    assert lines[-1] == "hora: the cluster can run 2 tasks at once now; np=2 starts", lines
