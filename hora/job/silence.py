@@ -1,8 +1,9 @@
 """A rank's silence: how long the driver waits for a word from a running rank before it takes
 its host as cut off (or the process as frozen).
 
-A running rank sends a heartbeat every 2 s (hora.rank.worker); without it a cut-off host's ranks
-would wait in their collectives for ever, and the driver with them.
+A running rank says a word at least every 2 s (a heartbeat when it has said nothing else:
+hora.rank.worker), which its channel notes (`Connection.heard_at`); without it a cut-off host's
+ranks would wait in their collectives for ever, and the driver with them.
 """
 
 from __future__ import annotations
