@@ -77,7 +77,6 @@ _LIFECYCLE = (Hello, Result, Error, Exited, EngineFailed)
 #: what may end a rank's part in the attempt: the loop turns at once after it
 _ENDS_A_PART = (Result, Error, Exited, EngineFailed, Resized)
 TICK_SECONDS = 0.05
-SILENCE_POLL_SECONDS = 0.25
 BUSY_TURN = 16  # messages in a turn past which the loop takes the rest at the next turn
 
 
@@ -113,7 +112,7 @@ class Monitor:
         self.asked_by_user: StackRequest | None = None  # printed once answered, the run goes on
         self.last_heard: dict[int, float] = {}  # rank -> time.monotonic() of its last message
         self.silence_s = silence_seconds()
-        self._silence_looked = 0.0
+        self._silence_due = 0.0  # no rank can be silent before it (`silence.silent`)
         self.resized: dict[int, int] = {}  # rank -> the commit it stopped at, to grow
         self.known_commit = known_commit  # the newest commit of the run the driver knows of
         #: its ranks by process, re-formed in place where the engine can (`in_place_min_np`:
@@ -368,11 +367,11 @@ class Monitor:
     def _note_silent_ranks(self, now: float) -> None:
         """A running rank not heard from for the silence time fails the attempt, naming its
         host: a cut-off host's ranks would otherwise wait in their collectives for ever.
-        Looked at every SILENCE_POLL_SECONDS: the look is at every rank."""
-        if now < self._silence_looked + SILENCE_POLL_SECONDS:
+        Looked at (every rank) only once one could be silent: its last word's time + silence."""
+        if now < self._silence_due:
             return
-        self._silence_looked = now
-        for rank, failure in silent(self, now, self.silence_s, self._finished).items():
+        found, self._silence_due = silent(self, now, self.silence_s, self._finished)
+        for rank, failure in found.items():
             self.failures[rank] = failure  # said now: the engine's stop may take seconds more
             print(f"hora: {failure.headline()}; stopping the attempt", file=sys.stderr, flush=True)
 

@@ -34,17 +34,21 @@ class Heard(Protocol):
 
 def silent(
     heard: Heard, now: float, silence_s: float, finished: Callable[[int], bool]
-) -> dict[int, Failure]:
+) -> tuple[dict[int, Failure], float]:
     """The failures of the running ranks not heard from for `silence_s` (0: never), each
-    naming its host."""
+    naming its host; and the first time another could be (no look is needed before it)."""
     found: dict[int, Failure] = {}
     if not silence_s:
-        return found
+        return found, float("inf")
+    due = now + silence_s  # a rank that says hello later cannot be silent before it either
     connections = heard.connections
     for rank, when in heard.last_heard.items():
         conn = connections.get(rank)
         quiet = now - (when if conn is None else max(when, conn.heard_at))
-        if quiet < silence_s or rank in heard.failures or finished(rank):
+        if quiet < silence_s:
+            due = min(due, now - quiet + silence_s)
+            continue
+        if rank in heard.failures or finished(rank):
             continue
         host = heard.started.get(rank, "?")
         found[rank] = Failure(
@@ -56,7 +60,7 @@ def silent(
             time.time(),
             subject=f"rank {rank} on host {host}",
         )
-    return found
+    return found, due
 
 
 def silence_seconds() -> float:
