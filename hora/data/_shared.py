@@ -19,8 +19,9 @@ import pyarrow as pa
 #: batches whose arrays together are smaller than this are pickled, not put in a segment
 INLINE_BYTES = 64 << 10
 _ALIGN = 64
-#: free segments a worker keeps for its next batches
-KEEP_FREE = 4
+#: free segments a worker keeps for its next batches (it has 2 in flight and the loop holds
+#: one: its own come back about as fast as it needs them; more would hold a batch's bytes each)
+KEEP_FREE = 2
 #: batches the rank watches for their release; an older one is left to its holder
 WATCHED = 64
 
