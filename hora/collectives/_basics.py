@@ -41,6 +41,23 @@ _created_default_group = False
 # connection: worlds this large or larger connect lazily, unless the variable says otherwise.
 LAZY_GLOO_VAR = "TORCH_GLOO_LAZY_INIT"
 LAZY_GLOO_FROM = 32
+_lazy_chosen = False  # whether hora set LAZY_GLOO_VAR (a value the user set is theirs)
+
+
+def choose_gloo_connect(size: int) -> None:
+    """How gloo connects the groups of the world of `size` ranks about to be made: on first use
+    from LAZY_GLOO_FROM ranks. Every rank of a world decides by that world's size, a running rank
+    re-forming into a world of another size as well as the new ranks it meets there: ranks of
+    one group that connect at once and on first use crash each other (SIGSEGV in gloo's
+    connectFullMesh). A value the user set is left alone (the same on every rank)."""
+    global _lazy_chosen
+    if LAZY_GLOO_VAR in os.environ and not _lazy_chosen:
+        return
+    _lazy_chosen = size >= LAZY_GLOO_FROM
+    if _lazy_chosen:
+        os.environ[LAZY_GLOO_VAR] = "1"  # read by every gloo group made from now on
+    else:
+        os.environ.pop(LAZY_GLOO_VAR, None)
 
 
 def timeout() -> timedelta:
@@ -61,8 +78,7 @@ def _init_torch_distributed() -> bool:
             "hora.torch.init(): RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not; "
             "start the processes with hora, torchrun or TorchDistributor"
         )
-    if size >= LAZY_GLOO_FROM:
-        os.environ.setdefault(LAZY_GLOO_VAR, "1")  # read by every gloo group made from now on
+    choose_gloo_connect(size)
     _rendezvous.init_default_group(here, timeout())  # a new rank of a world grown in place too
     return True
 
