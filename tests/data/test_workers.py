@@ -177,7 +177,7 @@ def torch_segments() -> set[str]:
 
 
 def test_batch_segments_are_reused_and_never_while_a_batch_holds_them(images):
-    """Batches of 90 KB come back in the workers' segments: 30 epochs map no more of them than
+    """Batches of 90 KB come back in the workers' segments: 15 epochs map no more of them than
     the first few did, and batches kept by the loop (not cloned) keep their values while
     later epochs run."""
     options = {"batch": 30, "prefetch": 1 << 20, "seed": 3}
@@ -188,7 +188,7 @@ def test_batch_segments_are_reused_and_never_while_a_batch_holds_them(images):
         want = batches(plain)
         loader.set_epoch(0)
         kept = list(loader)  # the loader's own tensors, held across the epochs below
-        for epoch in range(1, 31):
+        for epoch in range(1, 16):
             loader.set_epoch(epoch)
             for _ in loader:
                 pass
