@@ -55,17 +55,19 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(line)
 
 
-def start_cluster(**engines: bool) -> Cluster:
+def start_cluster(hosts: int = HOSTS, cores: int = CORES, **engines: bool) -> Cluster:
+    """`hosts` namespaced hosts of `cores` slots each (2 x 2 unless a module asks for more),
+    with the engines named."""
     reason = why_unavailable()
     if reason:
         pytest.skip(f"no test cluster of namespaced hosts: {reason}")
-    cluster = Cluster(HOSTS, CORES, extra_env={TAG: os.environ[TAG]}, **engines)
+    cluster = Cluster(hosts, cores, extra_env={TAG: os.environ[TAG]}, **engines)
     try:
         cluster.start()
     except ClusterUnavailable as exc:
         pytest.skip(f"no test cluster of namespaced hosts: {exc}")
     kinds = "+".join(name for name, wanted in engines.items() if wanted)
-    note(f"{cluster.start_seconds:6.1f} s  start {HOSTS}-host cluster ({kinds})")
+    note(f"{cluster.start_seconds:6.1f} s  start {hosts}-host cluster ({kinds})")
     return cluster
 
 
@@ -79,15 +81,23 @@ def stop_cluster(cluster: Cluster) -> None:
 def spark_cluster() -> Iterator[Cluster]:
     """Spark standalone on the hosts, and an active SparkSession whose driver is this process
     (bound to the bridge address); every executor registered before the first test."""
+    with spark_on_hosts() as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def spark_on_hosts(hosts: int = HOSTS, cores: int = CORES) -> Iterator[Cluster]:
+    """`spark_cluster` on `hosts` hosts of `cores` slots each (for a module that asks for
+    another shape); the cluster stopped however the module ends."""
     pytest.importorskip("pyspark", reason="pyspark is not installed")
     if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
         pytest.skip("Java is not installed: Spark cannot start")
     from tests.spark.conftest import stop_spark
 
-    cluster = start_cluster(spark=True, ray=False)
+    cluster = start_cluster(hosts, cores, spark=True, ray=False)
     session = None
     try:
-        with timed("start SparkSession, every executor registered"):
+        with timed(f"start SparkSession, every executor registered ({hosts} hosts)"):
             session = spark_session_on(cluster)
         yield cluster
     finally:
@@ -96,9 +106,10 @@ def spark_cluster() -> Iterator[Cluster]:
         stop_cluster(cluster)
 
 
-def spark_session_on(cluster: Cluster, cores: int = CORES, memory: str = "512m") -> Any:
-    """A SparkSession on the cluster's master, this process its driver on the bridge address;
-    returns once every host's executor has registered."""
+def spark_session_on(cluster: Cluster, cores: int | None = None, memory: str = "512m") -> Any:
+    """A SparkSession on the cluster's master, this process its driver on the bridge address,
+    one executor of `cores` (the cluster's by default) per host; returns once every host's
+    executor has registered."""
     from tests.spark.conftest import start_spark
 
     session = start_spark(
@@ -107,10 +118,10 @@ def spark_session_on(cluster: Cluster, cores: int = CORES, memory: str = "512m")
             "spark.driver.host": cluster.driver_address,
             "spark.driver.bindAddress": cluster.driver_address,
             "spark.executor.memory": memory,
-            "spark.executor.cores": str(cores),
+            "spark.executor.cores": str(cores or cluster.cores),
         },
     )
-    wait_for_spark_executors(session.sparkContext, HOSTS)
+    wait_for_spark_executors(session.sparkContext, cluster.count)
     return session
 
 
@@ -122,12 +133,12 @@ def connect_ray(cluster: Cluster) -> None:
     ray.init(
         address=cluster.ray_address, _node_ip_address=cluster.driver_address, log_to_driver=False
     )
-    wait_for_ray_cpus(HOSTS * CORES)
+    wait_for_ray_cpus(cluster.count * cluster.cores)
 
 
 def wait_for_spark_executors(sc: Any, count: int, seconds: float = WAIT_SECONDS) -> None:
     """Until `count` executors are registered with the session (they come a while after it
-    starts, or after a host is back); each has CORES slots."""
+    starts, or after a host is back); each has the cluster's cores as slots."""
     deadline = time.monotonic() + seconds
     while (have := sc._jsc.sc().getExecutorMemoryStatus().size() - 1) < count:  # - the driver
         if time.monotonic() > deadline:
@@ -142,9 +153,9 @@ def make_whole(cluster: Cluster) -> None:
     if cluster.spark is not None:
         from pyspark import SparkContext
 
-        wait_for_spark_executors(SparkContext._active_spark_context, HOSTS)
+        wait_for_spark_executors(SparkContext._active_spark_context, cluster.count)
     if cluster.ray is not None:
-        wait_for_ray_cpus(HOSTS * CORES)
+        wait_for_ray_cpus(cluster.count * cluster.cores)
 
 
 def wait_for_ray_nodes(count: int, seconds: float = WAIT_SECONDS) -> None:
@@ -186,10 +197,17 @@ def spark_jvm_ends_with_these_tests() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[Cluster]:
     """A Ray head (no CPUs) on the bridge and one Ray node per host; this process connected."""
+    with ray_on_hosts() as cluster:
+        yield cluster
+
+
+@contextlib.contextmanager
+def ray_on_hosts(hosts: int = HOSTS, cores: int = CORES) -> Iterator[Cluster]:
+    """`ray_cluster` on `hosts` hosts of `cores` CPUs each; stopped however the module ends."""
     ray = pytest.importorskip("ray", reason="ray is not installed")
-    cluster = start_cluster(spark=False, ray=True)
+    cluster = start_cluster(hosts, cores, spark=False, ray=True)
     try:
-        with timed("connect to Ray, every node alive"):
+        with timed(f"connect to Ray, every node alive ({hosts} hosts)"):
             connect_ray(cluster)
         yield cluster
     finally:
