@@ -297,7 +297,9 @@ class Coordinator:
     # ----- decisions ---------------------------------------------------------------------------
     def take(self) -> list[Response]:
         """Everything decided since the last call, ready operations cut into fusion buckets."""
-        responses: list[Response] = self._counted_round() if self._complete else []
+        responses: list[Response] = []
+        if self._complete:
+            responses.extend(self._counted_round())
         out, self._out = self._out, []
         run: list[Ready] = []
         for item in out:
