@@ -1,4 +1,5 @@
-"""Elastic runs on 2 namespaced hosts x 2 slots (tests/cluster, as root): what a lost host costs.
+"""Elastic runs on namespaced hosts (tests/cluster, as root; 2 hosts x 2 slots unless `--hosts`,
+`--slots` say): what a lost host costs.
 
 Runs of the same paced training loop (a small MLP, 0.1 s per step, a commit every 2
 steps), each losing host 2 (every process on it SIGKILLed) at the same step:
@@ -19,17 +20,24 @@ steps), each losing host 2 (every process on it SIGKILLed) at the same step:
   the first step at the smaller size, and from the node's return to the first step at 4.
 
     sudo .venv/bin/python bench/elastic.py [--only hora|fixed|ray|ray-train] [--reps 3]
+    sudo .venv/bin/python bench/elastic.py --hosts 8 --slots 4 --only hora   # 32 ranks
     .venv/bin/python bench/elastic.py --commit-cost   # what one commit costs, no cluster
 
+With other sizes the same: `np` = hosts x slots, `min_np` one host fewer, the last host lost.
 Times are wall-clock, from the moment the bench killed the host to a step's log line written by
-a rank, on the shared 2-core machine: compare the rows of one run.
+a rank, on the shared 2-core machine: compare the rows of one run. The return is timed from the
+lost host's services started again (Spark worker registered with the master, Ray node started)
+and from the moment the driver sees them (executor registered, node alive); the driver's own
+breakdown of a growth in place follows.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -152,12 +160,13 @@ def _first_step(folder: str, world: int, after: float) -> float:
 
 
 class Fault(threading.Thread):
-    """Kill the host a rank marks; then, once `back_when` exists (or at once), bring it back."""
+    """Kill the host a rank marks; then, once `back_when` exists (or at once), bring it back:
+    its services started again (`started_at`), then seen by the driver (`whole`, `back_at`)."""
 
     def __init__(self, cluster: Any, folder: str, back_when: str | None, whole: Any) -> None:
         super().__init__(daemon=True)
         self.cluster, self.folder, self.back_when, self.whole = cluster, folder, back_when, whole
-        self.lost_at = self.back_at = self.replaced_in = float("nan")
+        self.lost_at = self.started_at = self.back_at = self.replaced_in = float("nan")
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -172,42 +181,113 @@ class Fault(threading.Thread):
             while not Path(self.folder, self.back_when).exists() and not self.done.wait(0.05):
                 pass
         began = time.time()
+        self.cluster.make_whole()  # the host's Spark worker registered, its Ray node started
+        self.started_at = time.time()
         self.whole(self.cluster)
         self.back_at = time.time()
         self.replaced_in = self.back_at - began
 
 
+class Said:
+    """The driver's lines (hora writes them to stderr), kept as they pass through on their way
+    to stderr: `with said: hora.run(...)`."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._outer = sys.stderr
+        self._redirect = contextlib.redirect_stderr(self)  # type: ignore[type-var]
+
+    def write(self, text: str) -> int:
+        self.lines.append(text)
+        return self._outer.write(text)
+
+    def flush(self) -> None:
+        self._outer.flush()
+
+    def __enter__(self) -> Said:
+        self._redirect.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._redirect.__exit__(*exc)
+
+    def growth(self) -> dict[str, float]:
+        """The driver's breakdown of the last growth in place, if any."""
+        found = re.findall(
+            r"the new ranks' start \(process, imports, init\) ([0-9.]+) s, then the running "
+            r"ranks' way to their next commit and the sync ([0-9.]+) s",
+            "".join(self.lines),
+        )
+        if not found:
+            return {}
+        start, sync = found[-1]
+        return {
+            "  driver: the new ranks' start": float(start),
+            "  driver: the running ranks' way to their commit and the sync": float(sync),
+        }
+
+
+def _sizes(cluster: Any) -> tuple[int, int]:
+    """The run's full size (every slot) and its size without the lost host."""
+    full = cluster.count * cluster.cores
+    return full, full - cluster.cores
+
+
+def _returned(folder: str, full: int, fault: Fault) -> dict[str, float]:
+    """From the lost host's return to the first step at the full size: from its services
+    started again, and from the driver seeing them."""
+    first = _first_step(folder, full, fault.back_at)
+    return {
+        f"return (services started) -> first step at {full}": first - fault.started_at,
+        f"return (seen by the driver) -> first step at {full}": first - fault.back_at,
+    }
+
+
 def run_hora(cluster: Any, whole: Any, elastic: bool, in_place: bool = True) -> dict[str, float]:
     import hora
 
+    full, small = _sizes(cluster)
     folder = tempfile.mkdtemp(prefix="hora-bench-elastic-")
     fault = Fault(cluster, folder, SMALL_MARK if elastic else None, whole)
     fault.start()
-    sizes = {"min_np": 2, "max_np": 4} if elastic else {"max_restarts": 1}
+    sizes = {"min_np": small, "max_np": full} if elastic else {"max_restarts": 1}
     env = {"HORA_ELASTIC_IN_PLACE": "1" if in_place else "0"}
+    said = Said()
     try:
-        hora.run(hora_job, (folder, 4), np=4, backend="spark", timeout=600, env=env, **sizes)
+        with said:
+            hora.run(
+                hora_job,
+                (folder, full, None, 20),  # ends 20 steps after it is back at full size
+                np=full,
+                backend="spark",
+                timeout=600,
+                env=env,
+                **sizes,
+            )
     finally:
         fault.done.set()
         fault.join()
     if elastic:
-        return {
-            "loss -> first step at 2": _first_step(folder, 2, fault.lost_at) - fault.lost_at,
-            "return -> first step at 4": _first_step(folder, 4, fault.back_at) - fault.back_at,
-        }
+        lost = _first_step(folder, small, fault.lost_at) - fault.lost_at
+        return (
+            {f"loss -> first step at {small}": lost}
+            | _returned(folder, full, fault)
+            | (said.growth())
+        )
     return {
-        "loss -> first step at 4": _first_step(folder, 4, fault.lost_at) - fault.lost_at,
+        f"loss -> first step at {full}": _first_step(folder, full, fault.lost_at) - fault.lost_at,
         "  of which the replacement": fault.replaced_in,
     }
 
 
 def run_hora_ray(cluster: Any, whole: Any, in_place: bool) -> tuple[float, float]:
-    """hora elastic on Ray (`np=4, min_np=2, max_np=4`), host 2 brought back once the run is
-    small: seconds from the loss to the first step at 2 ranks, and from the node's return (alive
-    in the driver's view) to the first step at 4, in place or (in_place False:
-    `HORA_ELASTIC_IN_PLACE=0`) by restarts after the settle time."""
+    """hora elastic on Ray (every slot, one host fewer at least), the last host brought back
+    once the run is small: seconds from the loss to the first step at the smaller size, and
+    from the node's return (alive in the driver's view) to the first step at the full size, in
+    place or (in_place False: `HORA_ELASTIC_IN_PLACE=0`) by restarts after the settle time."""
     import hora
 
+    full, small = _sizes(cluster)
     folder = tempfile.mkdtemp(prefix="hora-bench-elastic-ray-")
     fault = Fault(cluster, folder, SMALL_MARK, whole)
     fault.start()
@@ -215,10 +295,10 @@ def run_hora_ray(cluster: Any, whole: Any, in_place: bool) -> tuple[float, float
     try:
         hora.run(
             hora_job,
-            (folder, 4, None, 20),
-            np=4,
-            min_np=2,
-            max_np=4,
+            (folder, full, None, 20),
+            np=full,
+            min_np=small,
+            max_np=full,
             backend="ray",
             timeout=600,
             env=env,
@@ -226,8 +306,8 @@ def run_hora_ray(cluster: Any, whole: Any, in_place: bool) -> tuple[float, float
     finally:
         fault.done.set()
         fault.join()
-    lost = _first_step(folder, 2, fault.lost_at) - fault.lost_at
-    return lost, _first_step(folder, 4, fault.back_at) - fault.back_at
+    lost = _first_step(folder, small, fault.lost_at) - fault.lost_at
+    return lost, _first_step(folder, full, fault.back_at) - fault.back_at
 
 
 def compare_on_ray(cluster: Any, whole: Any, reps: int) -> dict[str, dict[str, float]]:
@@ -238,15 +318,16 @@ def compare_on_ray(cluster: Any, whole: Any, reps: int) -> dict[str, dict[str, f
     for _ in range(reps):
         for in_place in (True, False):
             seconds[in_place].append(run_hora_ray(cluster, whole, in_place))
+    full, small = _sizes(cluster)
     rows = {}
     for in_place, name in ((True, "hora elastic in place (Ray)"), (False, "hora restart (Ray)")):
         runs = seconds[in_place]
         rows[name] = {}
         for i, (lost, back) in enumerate(runs):
-            rows[name][f"loss -> first step at 2 (run {i + 1})"] = lost
-            rows[name][f"return -> first step at 4 (run {i + 1})"] = back
-        rows[name]["  median loss -> 2"] = statistics.median(r[0] for r in runs)
-        rows[name]["  median return -> 4"] = statistics.median(r[1] for r in runs)
+            rows[name][f"loss -> first step at {small} (run {i + 1})"] = lost
+            rows[name][f"return -> first step at {full} (run {i + 1})"] = back
+        rows[name][f"  median loss -> {small}"] = statistics.median(r[0] for r in runs)
+        rows[name][f"  median return -> {full}"] = statistics.median(r[1] for r in runs)
     return rows
 
 
@@ -254,6 +335,7 @@ def run_ray_train(cluster: Any, whole: Any) -> dict[str, float]:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    full, small = _sizes(cluster)
     folder = tempfile.mkdtemp(prefix="hora-bench-raytrain-")
     os.chmod(folder, 0o777)
     fault = Fault(cluster, folder, SMALL_MARK, whole)
@@ -261,9 +343,9 @@ def run_ray_train(cluster: Any, whole: Any) -> dict[str, float]:
     try:
         TorchTrainer(
             ray_train_loop,
-            train_loop_config={"folder": folder, "full": 4},
+            train_loop_config={"folder": folder, "full": full},
             scaling_config=ScalingConfig(
-                num_workers=(2, 4),
+                num_workers=(small, full),
                 resources_per_worker={"CPU": 1},
                 # it looks for room to grow every 60 s by default: hora's settle time instead
                 elastic_resize_monitor_interval_s=5.0,
@@ -273,22 +355,20 @@ def run_ray_train(cluster: Any, whole: Any) -> dict[str, float]:
     finally:
         fault.done.set()
         fault.join()
-    smaller = [e for e in _steps(folder) if e["t"] > fault.lost_at and e["world"] < 4]
+    smaller = [e for e in _steps(folder) if e["t"] > fault.lost_at and e["world"] < full]
     first = min((e["t"] for e in smaller), default=float("nan"))
     world = smaller[0]["world"] if smaller else 0
-    return {
-        f"loss -> first step at {world}": first - fault.lost_at,
-        "return -> first step at 4": _first_step(folder, 4, fault.back_at) - fault.back_at,
-    }
+    back = _first_step(folder, full, fault.back_at) - fault.back_at
+    return {f"loss -> first step at {world}": first - fault.lost_at, f"return -> {full}": back}
 
 
 def ray_whole(cluster: Any) -> None:
-    """Host 2's services again, and its Ray node alive in the driver's view. (Its CPUs need not
-    be free: a running placement group takes them again for the bundles it lost.)"""
+    """The lost host's services again, and its Ray node alive in the driver's view. (Its CPUs
+    need not be free: a running placement group takes them again for the bundles it lost.)"""
     from tests.cluster.conftest import wait_for_ray_nodes
 
     cluster.make_whole()
-    wait_for_ray_nodes(2)
+    wait_for_ray_nodes(cluster.count)
 
 
 def commit_cost(megabytes: int = 10, reps: int = 20) -> None:
@@ -324,64 +404,66 @@ def commit_cost(megabytes: int = 10, reps: int = 20) -> None:
         print(f"  {what}: {statistics.median(values) * 1000:.1f} ms")
 
 
+def measure(cluster: Any, only: str | None, reps: int) -> dict[str, dict[str, float]]:
+    """The runs `only` names (all by default), each side's figures by its name."""
+    from tests.cluster.conftest import make_whole
+
+    rows: dict[str, dict[str, float]] = {}
+    if only in (None, "hora"):
+        for in_place in (True, False):
+            how = "in place" if in_place else "restart"
+            rows[f"hora elastic {how} (Spark)"] = run_hora(
+                cluster, make_whole, elastic=True, in_place=in_place
+            )
+            make_whole(cluster)
+    if only in (None, "fixed"):
+        rows["hora fixed-size restart (Spark)"] = run_hora(cluster, make_whole, False)
+        make_whole(cluster)
+    if only in (None, "ray"):
+        rows.update(compare_on_ray(cluster, ray_whole, reps))
+    if only in (None, "ray-train"):
+        try:
+            rows["Ray Train elastic (Ray)"] = run_ray_train(cluster, ray_whole)
+        except Exception as exc:
+            rows["Ray Train elastic (Ray)"] = {f"failed: {exc}"[:200]: float("nan")}
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=("hora", "fixed", "ray", "ray-train"))
     parser.add_argument("--reps", type=int, default=3, help="runs of each side with --only ray")
+    parser.add_argument("--hosts", type=int, default=2, help="namespaced hosts (default 2)")
+    parser.add_argument("--slots", type=int, default=2, help="ranks per host (default 2)")
     parser.add_argument("--commit-cost", action="store_true", help="one commit's cost, only")
     args = parser.parse_args()
     if args.commit_cost:
         commit_cost()
         return
-    import ray
-
     from tests.cluster._cluster import Cluster
-    from tests.cluster.conftest import make_whole, wait_for_ray_cpus, wait_for_spark_executors
-    from tests.spark.conftest import start_spark, stop_spark
+    from tests.cluster.conftest import connect_ray, spark_session_on
+    from tests.spark.conftest import stop_spark
 
-    with Cluster(2, 2, spark=True, ray=True) as cluster:
-        session = start_spark(
-            cluster.spark_master,
-            **{
-                "spark.driver.host": cluster.driver_address,
-                "spark.driver.bindAddress": cluster.driver_address,
-                "spark.executor.memory": "512m",
-                "spark.executor.cores": "2",
-            },
-        )
-        ray.init(
-            address=cluster.ray_address,
-            _node_ip_address=cluster.driver_address,
-            log_to_driver=False,
-        )
+    # each engine only where a run needs it: 8 hosts of both beside 32 ranks would not fit
+    spark = args.only in (None, "hora", "fixed")
+    ray_too = args.only in (None, "ray", "ray-train")
+    with Cluster(args.hosts, args.slots, spark=spark, ray=ray_too) as cluster:
+        session = spark_session_on(cluster) if spark else None
+        if ray_too:
+            connect_ray(cluster)
         try:
-            wait_for_spark_executors(session.sparkContext, 2)
-            wait_for_ray_cpus(4)
-            rows: dict[str, dict[str, float]] = {}
-            if args.only in (None, "hora"):
-                for in_place in (True, False):
-                    how = "in place" if in_place else "restart"
-                    rows[f"hora elastic {how} (Spark)"] = run_hora(
-                        cluster, make_whole, elastic=True, in_place=in_place
-                    )
-                    make_whole(cluster)
-            if args.only in (None, "fixed"):
-                rows["hora fixed-size restart (Spark)"] = run_hora(cluster, make_whole, False)
-                make_whole(cluster)
-            if args.only in (None, "ray"):
-                rows.update(compare_on_ray(cluster, ray_whole, args.reps))
-            if args.only in (None, "ray-train"):
-                try:
-                    rows["Ray Train elastic (Ray)"] = run_ray_train(cluster, ray_whole)
-                except Exception as exc:
-                    rows["Ray Train elastic (Ray)"] = {f"failed: {exc}"[:200]: float("nan")}
-            for name, figures in rows.items():
+            print(f"{args.hosts} hosts x {args.slots} slots; load {os.getloadavg()[0]:.1f}")
+            for name, figures in measure(cluster, args.only, args.reps).items():
                 print(name)
                 for what, seconds in figures.items():
                     print(f"  {what}: {seconds:.1f} s")
         finally:
-            ray.shutdown()
-            stop_spark(session)
+            if ray_too:
+                import ray
+
+                ray.shutdown()
+            if session is not None:
+                stop_spark(session)
 
 
 if __name__ == "__main__":
