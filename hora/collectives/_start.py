@@ -14,6 +14,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hora import environment
+from hora.collectives import _rendezvous
 from hora.collectives._control import channel
 from hora.collectives._control.loop import CollectiveLoop, LoopConfig, TreeSockets
 from hora.collectives._control.stall import StallSettings
@@ -127,12 +128,22 @@ def _join_tree(
     if children:
         assert server is not None
         try:
-            down = channel.accept_children(server, children, key, timeout_s)
+            down = channel.accept_children(server, children, key, timeout_s, _give_way)
         finally:
             if rank != 0:
                 with contextlib.suppress(Exception):
                     store.delete_key(_store_key(token, rank))
     return TreeSockets(tree, up, down)
+
+
+def _give_way() -> None:
+    """While a parent waits for its children: where the driver has ordered a newer world (a
+    rank of this one was lost), raise, so that this rank re-forms that one now rather than at
+    the timeout (`hora.collectives.elastic` re-forms on any error of a world's start)."""
+    generation = environment.current().generation
+    newer = link.wait_reform(generation, 0) if generation else None  # the first world: as ever
+    if newer is not None:
+        raise _rendezvous.Superseded(newer)
 
 
 def _default_store() -> Any:

@@ -83,7 +83,7 @@ class Plan:
     end_fault: bool = False
     #: the last rank of the first world re-formed in place SIGKILLs itself past that world's
     #: presence barrier, before torch's own rendezvous (gloo's, in init_process_group)
-    window_fault: bool = False
+    window_fault: str | None = None  # "rendezvous" or "tree": see `_arm_window_fault`
 
 
 def dataset(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -309,17 +309,31 @@ def _init(plan: Plan, hvd: Any) -> None:
 
 
 def _arm_window_fault(plan: Plan) -> None:
-    """`window_fault`: hora tells the driver a world gathered (`_formed`) between its presence
-    barrier and torch's rendezvous; there, in the world of generation 1, its last rank dies."""
-    from hora.collectives import _rendezvous
+    """`window_fault`: in the world of generation 1, its last rank dies "rendezvous": where hora
+    tells the driver a world gathered (`_formed`), between its presence barrier and torch's
+    rendezvous; "tree": as it is about to join the negotiation tree, past torch's rendezvous
+    (its parent waits for it there)."""
+    from hora.collectives import _rendezvous, _start
 
+    def dies() -> None:
+        last = int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1
+        if _generation() == 1 and last and _once(Path(plan.folder, WINDOW_KILLED_MARK + ".once")):
+            Path(plan.folder, WINDOW_KILLED_MARK).write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if plan.window_fault == "tree":
+        join = _start._join_tree
+
+        def joined_or_killed(*args: Any, **kwargs: Any) -> Any:
+            dies()
+            return join(*args, **kwargs)
+
+        _start._join_tree = joined_or_killed
+        return
     formed = _rendezvous._formed
 
     def formed_or_killed(generation: int) -> None:
-        last = int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1
-        if generation == 1 and last and _once(Path(plan.folder, WINDOW_KILLED_MARK + ".once")):
-            Path(plan.folder, WINDOW_KILLED_MARK).write_text(repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
+        dies()
         formed(generation)
 
     _rendezvous._formed = formed_or_killed

@@ -105,7 +105,7 @@ def test_a_rank_lost_past_the_presence_barrier_releases_the_others_from_torchs_r
     they re-form a world of 2 on the driver's word, not once gloo's wait runs out (120 s here),
     in their processes, and the run grows back to 4."""
     monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "120")
-    results, worlds = _run(tmp_path, monkeypatch, 4, window_fault=True)
+    results, worlds = _run(tmp_path, monkeypatch, 4, window_fault="rendezvous")
     assert worlds[:2] == [4, 2] and worlds[2:] in ([], [4]), worlds  # 3 never trained
     _jobs.check_survivors(str(tmp_path), results, worlds)
     killed = float(Path(tmp_path, _jobs.WINDOW_KILLED_MARK).read_text())
@@ -114,6 +114,23 @@ def test_a_rank_lost_past_the_presence_barrier_releases_the_others_from_torchs_r
     err = capfd.readouterr().err
     assert "hora: resizing in place from 3 to 2 ranks (rank 2 failed: killed by signal 9" in err
     assert "restarting" not in err and "attempt 1 of" not in err, err
+
+
+def test_a_rank_lost_before_it_joins_the_negotiation_tree_releases_its_parent(
+    tmp_path, monkeypatch, capfd
+):
+    """np=4: rank 3 is killed (4 -> 3); in the world of 3, rank 2 SIGKILLs itself past torch's
+    rendezvous, before it connects to its parent in the negotiation tree (rank 0), which waits
+    for it there: rank 0 gives way on the driver's word for a world of 2, not at its timeout."""
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "120")
+    results, worlds = _run(tmp_path, monkeypatch, 4, window_fault="tree")
+    assert worlds[:2] == [4, 2] and worlds[2:] in ([], [4]), worlds
+    _jobs.check_survivors(str(tmp_path), results, worlds)
+    killed = float(Path(tmp_path, _jobs.WINDOW_KILLED_MARK).read_text())
+    in_two = min(entries[0]["at"] for entries in _jobs.read_logs(str(tmp_path))[0, 2].values())
+    assert in_two - killed < 60, in_two - killed  # released by the driver, not by the timeout
+    err = capfd.readouterr().err
+    assert "hora: resizing in place from 3 to 2 ranks (rank 2 failed: killed by signal 9" in err
 
 
 def test_rank_0_and_another_rank_lost_at_once_re_form_in_place(tmp_path, monkeypatch, capfd):

@@ -23,7 +23,7 @@ import os
 import socket
 import struct
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from hora.collectives._messages import (
@@ -43,6 +43,7 @@ log = logging.getLogger("hora.torch")
 
 _HELLO = struct.Struct("!I")  # a worker's rank, sent raw once it is authenticated
 HANDSHAKE_TIMEOUT_S = 10.0
+GIVE_WAY_S = 0.1  # how often a parent waiting for its children asks whether to give way
 
 # The only globals a negotiation frame may name: the loop's message classes. Everything else in
 # a frame is built from pickle's own opcodes (str, int, float, tuple, list, dict, None, bool).
@@ -108,9 +109,15 @@ def channel_key(base_key: bytes, token: bytes) -> bytes:
 
 
 def accept_children(
-    server: socket.socket, children: Collection[int], key: bytes, timeout: float
+    server: socket.socket,
+    children: Collection[int],
+    key: bytes,
+    timeout: float,
+    give_way: Callable[[], None] | None = None,
 ) -> dict[int, socket.socket]:
-    """Accept one authenticated connection per rank of `children`, within `timeout` overall.
+    """Accept one authenticated connection per rank of `children`, within `timeout` overall;
+    `give_way` is called every `GIVE_WAY_S` while none comes, and may raise to stop waiting (a
+    newer world ordered: a child lost before it connected never will).
 
     A connection that fails the handshake (wrong key, garbage, silence for
     `HANDSHAKE_TIMEOUT_S`), or names a rank that is not a child or is here already, is closed
@@ -128,8 +135,13 @@ def accept_children(
                     f"only {len(peers)} of {len(children)} ranks reached the negotiation channel "
                     f"(missing: {_listed(missing)})"
                 )
-            server.settimeout(remaining)
-            conn, addr = server.accept()
+            server.settimeout(min(remaining, GIVE_WAY_S) if give_way else remaining)
+            try:
+                conn, addr = server.accept()
+            except TimeoutError:
+                if give_way is not None:
+                    give_way()
+                continue
             try:
                 conn.settimeout(min(HANDSHAKE_TIMEOUT_S, remaining))
                 wire.authenticate_as_server(conn, key)
