@@ -49,7 +49,7 @@ def test_a_world_grown_in_place_to_32_ranks_connects_gloo_alike_on_every_rank(
     in their processes (before the fix their eager gloo mesh met the new rank's lazy one: 6 of
     them died of SIGSEGV and the run restarted). Every sample once, one process's weights."""
     full = 32
-    assert LAZY_GLOO_FROM == full, "the growth below must cross gloo's lazy size"
+    assert full == LAZY_GLOO_FROM, "the growth below must cross gloo's lazy size"
     (tmp_path / _jobs.BACK_MARK).touch()  # the slot is free: rank 0 waits for the growth only
     # 40 samples a rank at 31, and the 992 left after the first commit (2 steps of 4) deal
     # evenly to 32: the sampler pads no rank's share with a repeated sample
