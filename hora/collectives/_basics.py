@@ -33,33 +33,6 @@ _atexit_registered = False
 _created_default_group = False
 
 
-# gloo connects every pair of a group's ranks when the group is made (a full mesh: N - 1
-# connections and 2N + 1 store operations a rank, N^2 at the store), unless its pairs connect on
-# first use (`TORCH_GLOO_LAZY_INIT`: one store operation a rank, and a few more for the peers a
-# collective touches). Measured (bench/gloo_init.py, docs/scale.md), the mesh costs little below
-# a few dozen ranks and grows with N^2 above, while a lazy pair costs the first collective a
-# connection: worlds this large or larger connect lazily, unless the variable says otherwise.
-LAZY_GLOO_VAR = "TORCH_GLOO_LAZY_INIT"
-LAZY_GLOO_FROM = 32
-_lazy_chosen = False  # whether hora set LAZY_GLOO_VAR (a value the user set is theirs)
-
-
-def choose_gloo_connect(size: int) -> None:
-    """How gloo connects the groups of the world of `size` ranks about to be made: on first use
-    from LAZY_GLOO_FROM ranks. Every rank of a world decides by that world's size, a running rank
-    re-forming into a world of another size as well as the new ranks it meets there: ranks of
-    one group that connect at once and on first use crash each other (SIGSEGV in gloo's
-    connectFullMesh). A value the user set is left alone (the same on every rank)."""
-    global _lazy_chosen
-    if LAZY_GLOO_VAR in os.environ and not _lazy_chosen:
-        return
-    _lazy_chosen = size >= LAZY_GLOO_FROM
-    if _lazy_chosen:
-        os.environ[LAZY_GLOO_VAR] = "1"  # read by every gloo group made from now on
-    else:
-        os.environ.pop(LAZY_GLOO_VAR, None)
-
-
 def timeout() -> timedelta:
     """How long a transport or the negotiation channel waits for a silent peer."""
     return timedelta(seconds=env_float("HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0))
@@ -78,7 +51,6 @@ def _init_torch_distributed() -> bool:
             "hora.torch.init(): RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not; "
             "start the processes with hora, torchrun or TorchDistributor"
         )
-    choose_gloo_connect(size)
     _rendezvous.init_default_group(here, timeout())  # a new rank of a world grown in place too
     return True
 

@@ -13,13 +13,7 @@ from __future__ import annotations
 
 from hora import environment
 from hora.collectives import _rendezvous
-from hora.collectives._basics import (
-    choose_gloo_connect,
-    init,
-    replace_default_group,
-    shutdown,
-    timeout,
-)
+from hora.collectives._basics import init, replace_default_group, shutdown, timeout
 from hora.wire.protocol import Reform
 
 
@@ -29,7 +23,6 @@ def reform(order: Reform) -> int:
     generation of the world made."""
     shutdown()
     here = _rendezvous.take(order)
-    choose_gloo_connect(order.place.size)  # as the new ranks do, whatever this one's last world
     replace_default_group(lambda: _rendezvous.init_default_group(here, timeout(), opening=True))
     init()
     return environment.current().generation

@@ -56,6 +56,33 @@ class Superseded(Exception):
         self.order = order
 
 
+# gloo connects every pair of a group's ranks when the group is made (a full mesh: N - 1
+# connections and 2N + 1 store operations a rank, N^2 at the store), unless its pairs connect on
+# first use (`TORCH_GLOO_LAZY_INIT`: one store operation a rank, and a few more for the peers a
+# collective touches). Measured (bench/gloo_init.py, docs/scale.md), the mesh costs little below
+# a few dozen ranks and grows with N^2 above, while a lazy pair costs the first collective a
+# connection: worlds this large or larger connect lazily, unless the variable says otherwise.
+LAZY_GLOO_VAR = "TORCH_GLOO_LAZY_INIT"
+LAZY_GLOO_FROM = 32
+_lazy_chosen = False  # whether hora set LAZY_GLOO_VAR (a value the user set is theirs)
+
+
+def choose_gloo_connect(size: int) -> None:
+    """How gloo connects the groups of the world of `size` ranks about to be made: on first use
+    from LAZY_GLOO_FROM ranks. Every rank of a world decides by that world's size, a running rank
+    re-forming into a world of another size as well as the new ranks it meets there: ranks of
+    one group that connect at once and on first use crash each other (SIGSEGV in gloo's
+    connectFullMesh). A value the user set is left alone (the same on every rank)."""
+    global _lazy_chosen
+    if LAZY_GLOO_VAR in os.environ and not _lazy_chosen:
+        return
+    _lazy_chosen = size >= LAZY_GLOO_FROM
+    if _lazy_chosen:
+        os.environ[LAZY_GLOO_VAR] = "1"  # read by every gloo group made from now on
+    else:
+        os.environ.pop(LAZY_GLOO_VAR, None)
+
+
 def default_transports() -> str:
     """The default group's transports (torch.distributed's `backend`): gloo for CPU tensors,
     and NCCL for CUDA ones where there is a GPU."""
@@ -100,6 +127,7 @@ def take(order: Reform) -> RankEnvironment:
 def _make_default_group(here: RankEnvironment, wait: timedelta, opening: bool) -> None:
     rank, size = here.rank, here.size
     assert rank is not None and size is not None
+    choose_gloo_connect(size)  # this world's, whatever this process's last world was
     if not here.generation:
         if _first_world_may_re_form(here):  # lost ranks' survivors may still hear of a smaller
             _all_present(_store(here, 0, wait), rank, size, 0, wait, _waker(here, 0))

@@ -1,4 +1,4 @@
-"""How gloo connects a world's groups (`_basics.choose_gloo_connect`): every rank of a world
+"""How gloo connects a world's groups (`_rendezvous.choose_gloo_connect`): every rank of a world
 decides alike, by that world's size, each time a world is made. Ranks of one gloo group that
 connect at once and on first use crash each other (SIGSEGV in gloo's connectFullMesh): a running
 rank re-forming into a world grown in place past LAZY_GLOO_FROM must connect as its new ranks
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from hora.collectives import _basics
-from hora.collectives._basics import LAZY_GLOO_FROM, LAZY_GLOO_VAR, choose_gloo_connect
+from hora.collectives import _rendezvous
+from hora.collectives._rendezvous import LAZY_GLOO_FROM, LAZY_GLOO_VAR, choose_gloo_connect
 
 
 @pytest.fixture
 def clean(monkeypatch):
     monkeypatch.delenv(LAZY_GLOO_VAR, raising=False)
-    monkeypatch.setattr(_basics, "_lazy_chosen", False)
+    monkeypatch.setattr(_rendezvous, "_lazy_chosen", False)
     return monkeypatch
 
 

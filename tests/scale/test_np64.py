@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import hora
-from hora.collectives._basics import LAZY_GLOO_FROM
+from hora.collectives._rendezvous import LAZY_GLOO_FROM
 from tests.elastic import _jobs
 from tests.scale import _every_op
 
