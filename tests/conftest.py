@@ -165,11 +165,23 @@ def no_thread_leaks():
 FOLDER_MARKERS = {"tensorflow": "tensorflow", "deepspeed": "deepspeed", "gpu": "gpu"}
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="also run the `slow` family (real jobs of 32 and 64 ranks; `make test-slow`)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark each test in a framework's or the GPU's folder with that folder's marker."""
+    """Mark each test in a framework's or the GPU's folder with that folder's marker; skip the
+    `slow` family unless `--slow` asks for it (whatever `-m` says: the suite's budget)."""
     tests = Path(__file__).parent
+    run_slow = config.getoption("--slow")
     for item in items:
         parts = Path(str(item.fspath)).relative_to(tests).parts
         marker = FOLDER_MARKERS.get(parts[0]) if len(parts) > 1 else None
         if marker is not None:
             item.add_marker(marker)
+        if not run_slow and item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.skip(reason="the slow family: `make test-slow` runs it"))

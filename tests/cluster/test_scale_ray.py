@@ -18,7 +18,8 @@ from tests.cluster._checks import assert_trained_like_one_process
 from tests.cluster.conftest import ray_on_hosts
 from tests.ray.conftest import live_actors, live_placement_groups
 
-pytestmark = [pytest.mark.cluster, pytest.mark.ray]
+# slow (`make test-slow`): the Spark module (test_scale.py) runs the same 32 ranks in the suite
+pytestmark = [pytest.mark.cluster, pytest.mark.ray, pytest.mark.slow]
 
 HOSTS, CORES = _scale_jobs.HOSTS, _scale_jobs.CORES
 JOB_TIMEOUT = 600.0

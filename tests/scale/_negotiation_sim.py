@@ -281,11 +281,11 @@ def _train(
     cpus: list[float] = []
     for step in range(steps):
         t, c = time.perf_counter(), time.process_time()
-        handles = [
-            loop.submit(Op(_request(name), LocalOp([], False), list), flush=k == ops - 1)
-            for k, name in enumerate(names(ops))
-        ]
-        try:
+        try:  # the loss may already be known when the step's ops are submitted
+            handles = [
+                loop.submit(Op(_request(name), LocalOp([], False), list), flush=k == ops - 1)
+                for k, name in enumerate(names(ops))
+            ]
             for handle in handles:
                 loop.synchronize(handle)
         except HorovodInternalError as exc:
