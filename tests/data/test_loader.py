@@ -217,7 +217,7 @@ def test_a_store_that_is_not_one_place_is_refused(tmp_path):
 def test_files_this_host_does_not_find_are_refused_before_any_batch(tmp_path):
     """A loader checks that its host reaches every file (by listing the folder when there are
     many), naming the host; the 2-host cluster refuses a path one host lacks
-    (tests/cluster/test_data_hosts.py)."""
+    (tests/cluster/test_spark.py)."""
     import socket
 
     from hora.data import _files
