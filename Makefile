@@ -74,7 +74,7 @@ test: setup deepspeed-ops
 	$(WITH_VENV_TOOLS) $(PY) -m pytest -q
 
 # The `slow` family, left out of `make test` (the suite's budget): np 32 and 64 on this host
-# (11 GiB free for np 64), 32 ranks on 8 namespaced Ray nodes (root). About 5 minutes.
+# (11 GiB free for np 64), 32 ranks on 8 namespaced Ray nodes (root). About 3.5 minutes.
 test-slow: setup
 	$(WITH_VENV_TOOLS) $(PY) -m pytest -q --slow -m slow
 
