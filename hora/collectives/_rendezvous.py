@@ -56,6 +56,14 @@ class Superseded(Exception):
         self.order = order
 
 
+def raise_if_superseded(generation: int, wait_s: float = 0.0) -> None:
+    """Raise `Superseded` where the driver has ordered a world newer than `generation`, waiting
+    up to `wait_s` for its word."""
+    newer = link.wait_reform(generation, wait_s)
+    if newer is not None:
+        raise Superseded(newer)
+
+
 # gloo connects every pair of a group's ranks when the group is made (a full mesh: N - 1
 # connections and 2N + 1 store operations a rank, N^2 at the store), unless its pairs connect on
 # first use (`TORCH_GLOO_LAZY_INIT`: one store operation a rank, and a few more for the peers a
@@ -210,9 +218,7 @@ def _all_present(
 
     began = time.monotonic()
     with link.watching_reforms(newer_ordered):
-        newer = link.wait_reform(generation, 0)
-        if newer is not None:
-            raise Superseded(newer)
+        raise_if_superseded(generation)
         if store.add(PRESENT_KEY, 1) >= size:  # the last to arrive
             store.compare_set(GATHERED_KEY, "", ALL)
         try:
@@ -223,9 +229,7 @@ def _all_present(
     if gathered:
         return
     left = max(0.0, wait.total_seconds() - (time.monotonic() - began))
-    newer = link.wait_reform(generation, left)
-    if newer is not None:
-        raise Superseded(newer)
+    raise_if_superseded(generation, left)
     raise RuntimeError(
         f"the world re-formed in place as generation {generation} did not gather its "
         f"{size} ranks within {wait.total_seconds():g} s"
@@ -254,8 +258,8 @@ class _Released(dist.Store):
         while not self._store.check(keys):
             if link.current() is None:  # no driver to hear from (a test's own process)
                 time.sleep(PRESENT_POLL_SECONDS)
-            elif (newer := link.wait_reform(self._generation, PRESENT_POLL_SECONDS)) is not None:
-                raise Superseded(newer)
+            else:
+                raise_if_superseded(self._generation, PRESENT_POLL_SECONDS)
             if time.monotonic() > deadline:
                 raise dist.DistStoreError(f"wait timeout after {limit:g} s, keys: {keys}")
 

@@ -141,9 +141,8 @@ def _give_way() -> None:
     rank of this one was lost), raise, so that this rank re-forms that one now rather than at
     the timeout (`hora.collectives.elastic` re-forms on any error of a world's start)."""
     generation = environment.current().generation
-    newer = link.wait_reform(generation, 0) if generation else None  # the first world: as ever
-    if newer is not None:
-        raise _rendezvous.Superseded(newer)
+    if generation:  # the first world: as ever
+        _rendezvous.raise_if_superseded(generation)
 
 
 def _default_store() -> Any:
