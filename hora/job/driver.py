@@ -30,9 +30,10 @@ from hora.config import RunConfig
 from hora.engines import AttemptSpec
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
 from hora.job import callbacks
-from hora.job.elastic import AttemptResized, FreeSlots, Sizer, TooFewSlots, settle_given
+from hora.job.elastic import FreeSlots, Sizer, TooFewSlots, settle_given
 from hora.job.metrics import MetricsLog
-from hora.job.monitor import Group, Limits, Monitor
+from hora.job.monitor import Group, Monitor
+from hora.job.outcome import Failed, Finished, Limits, Outcome, StoppedToGrow, TimedOut
 from hora.job.policy import FailurePolicy
 from hora.timeline import DriverTimeline
 
@@ -49,10 +50,6 @@ class StartableGroup(Group, Protocol):
     def exact_count(self) -> bool: ...
 
     def spare(self) -> int: ...
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -120,7 +117,6 @@ class Job:
         self._hosts: dict[int, str] = {}  # the last attempt's rank -> host
         self._known_commit = -1  # the newest commit every rank was seen to make (at a growth)
         self._first: StartableGroup | None = None  # built before anything else of the run
-        self._np_now = config.np  # the last attempt's ranks when it ended
         self._settles = True  # whether the engine's count of free slots needs the settle time
 
     def run(self) -> list[Any]:
@@ -141,26 +137,11 @@ class Job:
             )
             timeline = DriverTimeline()  # one for the run: restarts are marks in the same trace
             while True:
-                try:
-                    results = self._attempt_explained(attempt, timeline, deadline)
-                except WorkerFailedError as error:
-                    attempt = dataclasses.replace(attempt, np=self._np_now)
-                    self.failed.append(error)
-                    if self.policy.decide(error, attempt.index + 1) == "fail":
-                        final = self._final_error()
-                        raise final from final.__cause__  # the rank's traceback, or none
-                    _say(f"hora: {attempt} failed: {_indented_story(error)}")
-                    attempt = self._after_failure(attempt, error, timeline, deadline)
-                    continue
-                except AttemptResized as resized:
-                    attempt = dataclasses.replace(attempt, np=self._np_now)
-                    attempt = self._grow(attempt, resized.commit, timeline, deadline)
-                    continue
-                except RunTimeoutError as error:
-                    if self.failed:
-                        raise _after_failures(error, self.failed) from None
-                    raise
-                return [_loads(results.get(r)) for r in range(self._np_now)]
+                outcome = self._attempt_explained(attempt, timeline, deadline)
+                attempt = dataclasses.replace(attempt, np=outcome.np)
+                if isinstance(outcome, Finished):
+                    return [_loads(outcome.results.get(r)) for r in range(outcome.np)]
+                attempt = self._after(outcome, attempt, timeline, deadline)
         finally:
             if timeline is not None:
                 timeline.close()
@@ -171,6 +152,26 @@ class Job:
                 remove_host_commits(self.run_id)
 
     # -- what follows an attempt ------------------------------------------------------------
+    def _after(
+        self, outcome: Outcome, attempt: Attempt, timeline: DriverTimeline, deadline: float | None
+    ) -> Attempt:
+        """The attempt that follows one that did not finish, or the run's error."""
+        match outcome:
+            case StoppedToGrow(commit=commit):
+                return self._grow(attempt, commit, timeline, deadline)
+            case Failed(error=error):
+                self.failed.append(error)
+                if self.policy.decide(error, attempt.index + 1) == "fail":
+                    final = self._final_error()
+                    raise final from final.__cause__  # the rank's traceback, or none
+                _say(f"hora: {attempt} failed: {_indented_story(error)}")
+                return self._after_failure(attempt, error, timeline, deadline)
+            case TimedOut(error=timed_out):
+                if self.failed:
+                    raise _after_failures(timed_out, self.failed) from None
+                raise timed_out
+        raise AssertionError(f"no attempt follows {outcome!r}")
+
     def _after_failure(
         self,
         attempt: Attempt,
@@ -236,7 +237,7 @@ class Job:
 
     def _attempt_explained(
         self, attempt: Attempt, timeline: DriverTimeline, deadline: float | None
-    ) -> dict[int, bytes | None]:
+    ) -> Outcome:
         """`_attempt`, where a restart the engine refuses (its slots are gone with a host) says
         what the restart was for, in the error's own class."""
         try:
@@ -248,7 +249,7 @@ class Job:
 
     def _attempt(
         self, attempt: Attempt, timeline: DriverTimeline, deadline: float | None
-    ) -> dict[int, bytes | None]:
+    ) -> Outcome:
         config = self.config
         if attempt.index:
             _say(f"hora: {attempt} starting" + (f" ({attempt.np} ranks)" if config.elastic else ""))
@@ -276,14 +277,9 @@ class Job:
             known_commit=self._known_commit,
         )
         try:
-            group.start()
-            return monitor.watch(Limits(config.start_timeout, config.timeout, deadline))
+            return monitor.run(Limits(config.start_timeout, config.timeout, deadline))
         finally:
-            monitor.stopping = True
-            group.stop()
-            monitor.drain()
-            self._hosts = dict(monitor.started) if group.multi_host else {}
-            self._np_now = monitor.np  # fewer after a shrink in place
+            self._hosts = monitor.finish().hosts  # for the next attempt's story
 
     def _spec(self, attempt: Attempt, deadline: float | None) -> AttemptSpec:
         """What the launcher of `attempt` gets: its ranks, its wait for slots (never past the

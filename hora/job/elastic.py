@@ -40,14 +40,6 @@ def settle_given() -> bool:
     return bool(os.environ.get(SETTLE_ENV, ""))
 
 
-class AttemptResized(Exception):
-    """Every rank of the attempt stopped at the same commit so that the run can grow."""
-
-    def __init__(self, commit: int):
-        super().__init__(commit)
-        self.commit = commit
-
-
 class TooFewSlots(Exception):
     """The cluster stayed below min_np ranks for the whole wait; `seen` is its last count."""
 

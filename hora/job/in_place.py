@@ -1,5 +1,5 @@
 """Carrying out the world's decisions (`hora.job.world`) on one attempt: the ranks' channels,
-the engine, and the monitor's records of each rank.
+the engine, and the monitor's records of each process.
 
 Horovod's elastic mode resets its survivors in place; hora does the same for jobs in
 `hvd.elastic.run` (torch, TensorFlow) on engines that keep a lost rank's survivors running
@@ -8,7 +8,8 @@ Horovod's elastic mode resets its survivors in place; hora does the same for job
 in-memory commit; to grow, the running ranks re-form at their next commit (`HostsUpdated`)
 with new ranks that the engine started beforehand (`StartJoiners`, `Launcher.add`) and that
 wait at that world's rendezvous (`Joining`). Rank 0 says when training goes on (`Reformed`).
-Ranks name themselves by their process's id; the monitor keeps its records by the rank now.
+Ranks name themselves by their process's id, which they keep: the monitor's records are by
+process (`hora.job.records`), and a re-form renames nothing.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 from hora import environment
+from hora.job.records import Records
 from hora.job.world import Abandon, Loss, ReformWorld, StartJoiners, World
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
@@ -69,47 +69,17 @@ class ResizedInPlace(NamedTuple):
     why: str
 
 
-class Records(Protocol):
-    """What of the monitor (`hora.job.monitor.Monitor`) a decision rewrites: its records of
-    each rank, by the rank now."""
-
-    np: int
-    world: World
-    group: Any
-    started: dict[int, str]
-    connections: dict[int, Connection]
-    last_heard: dict[int, float]
-    tails: dict[int, Any]
-    results: dict[int, bytes | None]
-    exits: dict[int, int]
-    closed: set[int]
-    resized: dict[int, int]
-    failures: dict[int, Any]
-    stall: str | None
-    stuck: tuple[int, ...]
-    orders: dict[int, Reform]  # process id -> its place in the latest world ordered
-
-
-def translate(world: World, message: Any) -> Any:
-    """`message` with the rank now of the process that sent it; None for one gone."""
-    if not isinstance(message, FROM_A_RANK):
-        return message
-    rank = world.rank_of(message.rank)
-    if rank is None or rank == message.rank:  # gone, or its id is its rank (no world re-formed)
-        return None if rank is None else message
-    return message._replace(rank=rank)
-
-
 def hear(world: World, message: Any, decided: Callable[[Any], None]) -> Any:
-    """The ranks' word on their world, to the world (its decisions to `decided`); the record
-    for the callbacks of a `Reformed`; None for nothing more; any other `message` as is."""
+    """The ranks' word on their world (each names its process), to the world (its decisions to
+    `decided`); the record for the callbacks of a `Reformed`; None for nothing more; any other
+    `message` as is."""
     match message:
-        case InPlace(rank=rank, able=able, grows=grows):
-            world.said(world.id_of(rank), able, grows)
-        case Joining(rank=rank):
-            decided(world.joined(world.id_of(rank), time.time()))
-        case Formed(rank=rank, generation=generation):
-            world.gathered(world.id_of(rank), generation)
+        case InPlace(rank=pid, able=able, grows=grows):
+            world.said(pid, able, grows)
+        case Joining(rank=pid):
+            decided(world.joined(pid, time.time()))
+        case Formed(rank=pid, generation=generation):
+            world.gathered(pid, generation)
         case Reformed(generation=generation, size=size, commit=commit):
             return resized(world, generation, size, commit)
         case _:
@@ -117,22 +87,21 @@ def hear(world: World, message: Any, decided: Callable[[Any], None]) -> Any:
     return None
 
 
-def carry_out(records: Records, decision: Any, tail_lines: int) -> GrowingInPlace | None:
-    """Do what the world decided; the record of a growth started, for the callbacks."""
+def carry_out(records: Records, group: Any, decision: Any) -> GrowingInPlace | None:
+    """Do what the world decided (`group`: the engine's, which starts new ranks); the record
+    of a growth started, for the callbacks. The records are by process: nothing is renamed,
+    the processes the world left are forgotten."""
     match decision:
-        case Abandon(ranks=ranks, running=running, why=why):
-            kept = {r: r for r in range(records.np + len(ranks)) if r not in ranks}
-            _renumber(records, kept)
-            records.np = running
+        case Abandon(running=running, why=why):
+            records.forget_gone()
             say(f"giving up the growth in place ({why}); the running ranks go on")
         case ReformWorld():
+            records.forget_gone()
             _reform(records, decision)
         case StartJoiners(joiners=joiners, running=running, generation=generation, why=why):
-            before = records.np
-            for _, rank in joiners:
-                records.tails[rank] = deque(maxlen=tail_lines)
+            before = len(running)
             env = {environment.GENERATION_VAR: str(generation)}
-            records.group.add(list(joiners), list(running), env)
+            group.add(list(joiners), list(running), env)
             added = ", ".join(str(rank) for _, rank in joiners)
             size = before + len(joiners)
             say(
@@ -144,84 +113,61 @@ def carry_out(records: Records, decision: Any, tail_lines: int) -> GrowingInPlac
 
 
 def _reform(records: Records, order: ReformWorld) -> None:
-    """Renumber the records, then tell each rank its place: the survivors of a loss re-form
-    now; to grow, the running ranks at their next commit (every Reform before any
-    HostsUpdated)."""
-    before = records.np
-    _renumber(records, order.renumbered)
-    records.np = len(order.members)
+    """Tell each process its place: the survivors of a loss re-form now; to grow, the running
+    ones at their next commit (every Reform before any HostsUpdated)."""
     places = environment.placements(list(order.hosts))
     told = order.running if order.grow else order.members
     for rank, pid in enumerate(order.members):
         if pid not in told:
             continue
-        records.orders[pid] = reform_order(places[rank], order.generation)  # for a late hello
-        if rank in records.connections:
-            with contextlib.suppress(OSError):
-                records.connections[rank].send(records.orders[pid])
+        record = records.of(pid)
+        record.order = reform_order(places[rank], order.generation)  # for a late hello
+        _send(record.connection, record.order)
     if order.grow:
-        for rank in range(len(order.running)):
-            with contextlib.suppress(OSError):
-                records.connections[rank].send(HostsUpdated(order.generation))
+        for pid in order.running:
+            _send(records.of(pid).connection, HostsUpdated(order.generation))
         return
-    change = f"from {before} to" if before != records.np else "at"
-    say(
-        f"resizing in place {change} {records.np} ranks ({order.why}); the survivors keep "
-        "their processes"
-    )
+    size = len(order.members)
+    change = f"from {order.before} to" if order.before != size else "at"
+    why = order.why
+    say(f"resizing in place {change} {size} ranks ({why}); the survivors keep their processes")
 
 
-def _renumber(records: Records, kept: dict[int, int]) -> None:
-    """Keep the records of the ranks in `kept` (old rank -> new rank); close the channels of
-    the others (a rank that outlived what ran it hears the close, and ends itself)."""
-    for rank, conn in records.connections.items():
-        if rank not in kept:
-            conn.close()
-
-    def moved(values: dict[int, Any]) -> dict[int, Any]:
-        return {kept[r]: v for r, v in values.items() if r in kept}
-
-    records.started, records.connections = moved(records.started), moved(records.connections)
-    records.last_heard, records.tails = moved(records.last_heard), moved(records.tails)
-    records.results, records.exits = moved(records.results), moved(records.exits)
-    records.resized = moved(records.resized)
-    records.closed = {kept[r] for r in records.closed if r in kept}
-    # a kept rank's failure not yet judged (it came while new ranks were told) stays, renamed
-    failures = {kept[r]: replace(f, rank=kept[r]) for r, f in records.failures.items() if r in kept}
-    records.failures, records.stall, records.stuck = failures, None, ()
-
-
-def lost(records: Records) -> set[int]:
-    """The failed ranks, and those whose channel closed without their last word (a result, a
-    stop to grow): their process ended, though the engine may not have said why yet."""
-    return set(records.failures) | (records.closed - set(records.results) - set(records.resized))
+def _send(connection: Connection | None, message: Any) -> None:
+    if connection is not None:
+        with contextlib.suppress(OSError):
+            connection.send(message)
 
 
 def losses(records: Records) -> list[Loss]:
     """Each lost rank for the world: whether its process is gone, whether it failed with its
     job's own exception."""
     found = []
-    for rank in sorted(lost(records)):
-        failure = records.failures.get(rank)
+    for rank, record in records.ranked():
+        failure = record.failure
+        if not record.lost:
+            continue
         if failure is None:  # only its channel closed: its process ended
             found.append(Loss(rank, gone=True))
         else:
-            gone = rank in records.exits or failure.by_engine
+            gone = record.exit is not None or failure.by_engine
             found.append(Loss(rank, gone=gone, own=failure.reported))
     return found
 
 
 def why(records: Records) -> str:
     """The first failure, the other lost ranks, and the hosts none of whose ranks are left."""
-    ordered = sorted(records.failures.values(), key=lambda f: f.time)
-    gone = lost(records)
-    others = sorted(gone - {ordered[0].rank})
+    failures = records.failures()
+    first = min(failures.values(), key=lambda f: f.time)
+    ranked = list(records.ranked())
+    gone = {rank for rank, record in ranked if record.lost}
+    others = sorted(gone - {first.rank})
     also = f"; also lost: rank{'s' if len(others) > 1 else ''} " if others else ""
     also += ", ".join(map(str, others))
-    left = {records.started.get(r) for r in range(records.np) if r not in gone}
-    hosts = sorted({h for r in gone if (h := records.started.get(r)) and h not in left})
+    left = {record.host for rank, record in ranked if rank not in gone}
+    hosts = sorted({h for r, rec in ranked if r in gone and (h := rec.host) and h not in left})
     where = f"lost {', '.join(hosts)}: " if hosts else ""
-    return f"{where}{ordered[0].headline()}{also}"
+    return f"{where}{first.headline()}{also}"
 
 
 def resized(world: World, generation: int, size: int, commit: int) -> ResizedInPlace | None:

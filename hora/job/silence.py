@@ -10,55 +10,45 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Iterable
 
 from hora.job.failures import Failure
-from hora.wire.channel import Connection
+from hora.job.records import RankRecord
 
 SILENCE_VAR = "HORA_HEARTBEAT_TIMEOUT_SECONDS"
 DEFAULT_SILENCE_SECONDS = 30.0
 
 
-class Heard(Protocol):
-    """What of the monitor the silence is judged from: when it handled a rank's last message,
-    and when its channel last carried one (a heartbeat goes no further)."""
-
-    last_heard: dict[int, float]
-    failures: dict[int, Failure]
-    started: dict[int, str]
-
-    @property
-    def connections(self) -> Mapping[int, Connection]: ...
-
-
 def silent(
-    heard: Heard, now: float, silence_s: float, finished: Callable[[int], bool]
+    ranked: Iterable[tuple[int, RankRecord]], now: float, silence_s: float
 ) -> tuple[dict[int, Failure], float]:
-    """The failures of the running ranks not heard from for `silence_s` (0: never), each
-    naming its host; and the first time another could be (no look is needed before it)."""
+    """The failures of the running ranks (rank now, record) not heard from for `silence_s`
+    (0: never), each naming its host; and the first time another could be (no look is needed
+    before it)."""
     found: dict[int, Failure] = {}
     if not silence_s:
         return found, float("inf")
     due = now + silence_s  # a rank that says hello later cannot be silent before it either
-    connections = heard.connections
-    for rank, when in heard.last_heard.items():
-        conn = connections.get(rank)
-        quiet = now - (when if conn is None else max(when, conn.heard_at))
+    for rank, record in ranked:
+        conn = record.connection
+        if record.host is None:
+            continue  # not connected: the start timeout is its limit
+        heard = record.last_heard if conn is None else max(record.last_heard, conn.heard_at)
+        quiet = now - heard
         if quiet < silence_s:
-            due = min(due, now - quiet + silence_s)
+            due = min(due, heard + silence_s)
             continue
-        if rank in heard.failures or finished(rank):
+        if record.failure is not None or record.finished:
             continue
-        host = heard.started.get(rank, "?")
         found[rank] = Failure(
             rank,
-            f"no word from it for {quiet:.0f} s ({SILENCE_VAR}={silence_s:g}): host {host} is "
-            "unreachable (network cut, or the host is gone) or the process is frozen",
+            f"no word from it for {quiet:.0f} s ({SILENCE_VAR}={silence_s:g}): host "
+            f"{record.host} is unreachable (network cut, or the host is gone) or the process is "
+            "frozen",
             "",
             False,
             time.time(),
-            subject=f"rank {rank} on host {host}",
+            subject=f"rank {rank} on host {record.host}",
         )
     return found, due
 

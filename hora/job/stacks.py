@@ -86,3 +86,38 @@ class StackRequest:
                     "GIL in native code)"
                 )
         return "\n".join(lines)
+
+
+class Questions:
+    """One attempt's questions to its ranks: the one its end waits for (`dump`, whose answers
+    go in the story: asked at a timeout or when the stall inspector stops the ranks), and the
+    user's (SIGUSR1: printed, and the run goes on)."""
+
+    def __init__(self) -> None:
+        self.dump: StackRequest | None = None
+        self.by_user: StackRequest | None = None
+
+    def ask(self, connections: Mapping[int, Connection], why: str) -> None:
+        """Ask every rank in `connections` where it is, for the story (once an attempt)."""
+        if self.dump is None:
+            self.dump = StackRequest(connections, why)
+
+    def answered(self, now: float) -> bool:
+        """No question the story waits for is pending (it waits a few seconds for answers)."""
+        return self.dump is None or self.dump.complete(now)
+
+    def answer(self, rank: int, text: str) -> None:
+        for request in (self.dump, self.by_user):
+            if request is not None:
+                request.answer(rank, text)
+
+    def serve_user(self, connections: Mapping[int, Connection]) -> StackRequest | None:
+        """Ask the ranks when the user asked since the last call; the user's request once
+        every rank answered (the caller prints it), else None."""
+        if take_request() and self.by_user is None:
+            self.by_user = StackRequest(connections, "you asked (SIGUSR1)")
+        request = self.by_user
+        if request is not None and request.complete():
+            self.by_user = None
+            return request
+        return None

@@ -40,15 +40,15 @@ class Phase(enum.Enum):
 class ReformWorld(NamedTuple):
     """Tell each of `members` (ids, in rank order) its place in the world of `generation`;
     `grow`: the running ones (`running`) re-form at their next commit, with new ranks that wait
-    (the driver also says `HostsUpdated(generation)`). `renumbered`: old rank -> new rank of
-    every rank kept (the monitor's records follow it)."""
+    (the driver also says `HostsUpdated(generation)`). `before`: the world's size before it
+    (a process keeps its id: its new rank is its place in `members`)."""
 
     generation: int
     members: tuple[int, ...]
     hosts: tuple[str, ...]
     grow: bool
     running: tuple[int, ...]
-    renumbered: dict[int, int]
+    before: int
     why: str
 
 
@@ -215,8 +215,7 @@ class World:
         self.joined_at = now
         why = f"free slots for {self.size} ranks"
         self.pending = (self.generation, before, why, self.grew_at)
-        identity = {r: r for r in range(self.size)}
-        return self._order(True, running, identity, why)
+        return self._order(True, running, before, why)
 
     def reformed(self, generation: int) -> tuple[int, str, float] | None:
         """Rank 0 of the world of `generation` says training goes on: (the size before, why,
@@ -307,12 +306,11 @@ class World:
     def _shrink(self, survivors: list[int], now: float, why: str) -> ReformWorld:
         before = self.size
         self.gone |= set(self.members) - set(survivors)
-        renumbered = {self.members.index(m): i for i, m in enumerate(survivors)}
         self.members = survivors
         self.generation += 1
         self.pending = (self.generation, before, why, now)
         self.phase = Phase.SHRINKING
-        return self._order(False, tuple(survivors), renumbered, why)
+        return self._order(False, tuple(survivors), before, why)
 
     def _abandon(self, why: str) -> Abandon:
         """Give up the growth under way: its new ranks leave (after the running ones' ranks,
@@ -326,10 +324,6 @@ class World:
         self.phase = Phase.RUNNING
         return Abandon(ids, ranks, len(running), why)
 
-    def _order(
-        self, grow: bool, running: tuple[int, ...], renumbered: dict[int, int], why: str
-    ) -> ReformWorld:
+    def _order(self, grow: bool, running: tuple[int, ...], before: int, why: str) -> ReformWorld:
         hosts = tuple(self.hosts.get(m, "") for m in self.members)
-        return ReformWorld(
-            self.generation, tuple(self.members), hosts, grow, running, renumbered, why
-        )
+        return ReformWorld(self.generation, tuple(self.members), hosts, grow, running, before, why)

@@ -15,7 +15,8 @@ from hora.errors import WorkerFailedError
 from hora.job import callbacks
 from hora.job.callbacks import AttemptState, MonitorCallback
 from hora.job.metrics import MetricsLog
-from hora.job.monitor import Limits, Monitor
+from hora.job.monitor import Monitor
+from hora.job.outcome import Failed, Finished, Limits
 from hora.timeline import DriverTimeline
 from hora.wire.protocol import Error, Exited, Metrics, Output, Result
 from tests.job._fakes import FakeGroup, hellos, succeeds
@@ -49,13 +50,13 @@ def watched(script: list[object], *extra: MonitorCallback) -> tuple[Monitor, Rec
     group = FakeGroup(script, {})
     recorder = Recorder()
     monitor = Monitor(group, 2, b"job", True, [recorder, *extra])
-    group.start()
-    try:
-        outcome: Any = monitor.watch(LIMITS)
-    except WorkerFailedError as error:
-        outcome = error
-    monitor.stopping = True
-    monitor.drain()
+    outcome: Any = monitor.run(LIMITS)
+    monitor.finish()
+    match outcome:
+        case Finished(results=results):
+            return monitor, recorder, results
+        case Failed(error=error):
+            return monitor, recorder, error
     return monitor, recorder, outcome
 
 

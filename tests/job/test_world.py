@@ -51,7 +51,7 @@ def test_a_rank_lost_while_the_first_world_gathers_leaves_a_smaller_one_gatherin
     world.started(0, "h0")
     [order] = world.lose([Loss(2, gone=True)], 0.0, "rank 2 failed")
     assert isinstance(order, ReformWorld) and not order.grow
-    assert (order.members, order.generation, order.renumbered) == ((0, 1, 3), 1, {0: 0, 1: 1, 3: 2})
+    assert (order.members, order.generation, order.before) == ((0, 1, 3), 1, 4)
     assert (world.phase, world.pending, world.size) == (Phase.STARTING, None, 3)
     assert world.started(3, "h1") == 2  # a survivor that says hello later has its new rank
     for pid in (0, 1, 3):
@@ -86,7 +86,7 @@ def test_lost_ranks_survivors_re_form_in_their_order_and_keep_their_processes(lo
     assert isinstance(order, ReformWorld) and not order.grow
     survivors = tuple(p for p in range(4) if p not in lost)
     assert order.members == order.running == survivors
-    assert order.renumbered == {old: new for new, old in enumerate(survivors)}
+    assert order.before == 4  # each survivor's new rank is its place in `members`
     assert (order.generation, world.phase) == (1, Phase.SHRINKING)
     assert [world.rank_of(p) for p in survivors] == list(range(len(survivors)))
     assert all(world.rank_of(p) is None for p in lost)
@@ -126,8 +126,7 @@ def test_a_rank_lost_while_the_survivors_re_form_gives_a_newer_world():
     world.lose([Loss(3, gone=True)], 0.0, "first")
     [order] = world.lose([Loss(0, gone=True)], 1.0, "second")
     assert isinstance(order, ReformWorld)
-    assert (order.members, order.generation) == ((1, 2), 2)
-    assert order.renumbered == {1: 0, 2: 1}
+    assert (order.members, order.generation, order.before) == ((1, 2), 2, 3)
     assert world.reformed(1) is None and world.reformed(2) is not None
 
 
@@ -182,8 +181,7 @@ def test_a_running_rank_lost_while_new_ranks_start_shrinks_without_them():
     abandon, order = world.lose([Loss(0, gone=True)], 3.0, "rank 0 failed")
     assert isinstance(abandon, Abandon) and abandon.ids == (3,)
     assert isinstance(order, ReformWorld) and not order.grow
-    assert order.members == (1, 2) and order.generation == 2
-    assert order.renumbered == {1: 0, 2: 1}
+    assert (order.members, order.generation, order.before) == ((1, 2), 2, 3)
 
 
 def test_a_new_rank_lost_after_the_running_ranks_were_told_re_forms_them_alone():
@@ -194,7 +192,7 @@ def test_a_new_rank_lost_after_the_running_ranks_were_told_re_forms_them_alone()
     abandon, order = world.lose([Loss(3, gone=True)], 3.0, "rank 3 failed")
     assert isinstance(abandon, Abandon) and abandon.ranks == (2, 3)
     assert isinstance(order, ReformWorld) and not order.grow
-    assert (order.members, order.generation, order.renumbered) == ((0, 1), 2, {0: 0, 1: 1})
+    assert (order.members, order.generation, order.before) == ((0, 1), 2, 2)
     assert world.reformed(1) is None  # the given-up world's rank 0 is not heard
     assert world.reformed(2) is not None and world.size == 2
 
