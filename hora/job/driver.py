@@ -6,9 +6,11 @@ fresh rendezvous) runs the same job again. Nothing is kept in memory across atte
 checkpoints (`hora.checkpoint`) and hvd.elastic's commits (kept on each host) are what lets an
 attempt resume where the last one stopped.
 
-An elastic run (min_np/max_np) sizes each attempt to the cluster (`elastic.Sizer`) and, while
-it runs below max_np, grows at a commit when slots return (`elastic.FreeSlots`). Every
-attempt after the first, whether it follows a failure or a resize, spends one of max_restarts.
+What follows each attempt is the run controller's decision (`hora.job.controller`); the driver
+carries it out. An elastic run (min_np/max_np) sizes each attempt to the cluster
+(`elastic.Sizer`) and, while it runs below max_np, grows at a commit when slots return
+(`elastic.FreeSlots`). Every attempt after the first, whether it follows a failure or a
+resize, spends one of max_restarts.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import cloudpickle
@@ -28,12 +29,23 @@ from hora._output_files import OutputFiles
 from hora.checkpoint import remove_host_commits
 from hora.config import RunConfig
 from hora.engines import AttemptSpec
-from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
+from hora.errors import WorkerFailedError
 from hora.job import callbacks
+from hora.job.controller import (
+    Attempt,
+    Decision,
+    Fail,
+    Finish,
+    Mark,
+    RunController,
+    SizeNext,
+    StartAttempt,
+    indented_story,
+)
 from hora.job.elastic import FreeSlots, Sizer, TooFewSlots, settle_given
 from hora.job.metrics import MetricsLog
 from hora.job.monitor import Group, Monitor
-from hora.job.outcome import Failed, Finished, Limits, Outcome, StoppedToGrow, TimedOut
+from hora.job.outcome import Limits, Outcome
 from hora.job.policy import FailurePolicy
 from hora.timeline import DriverTimeline
 
@@ -50,22 +62,6 @@ class StartableGroup(Group, Protocol):
     def exact_count(self) -> bool: ...
 
     def spare(self) -> int: ...
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """The `index`-th (from 0) attempt of a run that allows `max_restarts` after the first, with
-    `np` ranks."""
-
-    index: int
-    max_restarts: int
-    np: int = 1
-
-    def next(self, np: int) -> Attempt:
-        return Attempt(self.index + 1, self.max_restarts, np)
-
-    def __str__(self) -> str:
-        return f"attempt {self.index + 1} of {self.max_restarts + 1}"
 
 
 #: builds the (not yet started) group of one attempt: the engine's launcher, given its spec
@@ -103,7 +99,6 @@ class Job:
             max_np=config.most_ranks,
             ship_code=config.ship_code,
         )
-        self.failed: list[WorkerFailedError] = []  # one story per failed attempt, in order
         # One for the run: a restarted attempt's reports follow the ones before it.
         self.metrics = MetricsLog(config.reporters(), progress=config.progress)
         self.run_id = uuid.uuid4().hex[:16]  # every attempt's: where the ranks keep commits
@@ -114,8 +109,8 @@ class Job:
                 raise ValueError("an elastic run needs its engine's capacity")
             spec = self.spec
             self.sizer = Sizer(config.min_np or 1, config.most_ranks, lambda h: capacity(spec, h))
-        self._hosts: dict[int, str] = {}  # the last attempt's rank -> host
-        self._known_commit = -1  # the newest commit every rank was seen to make (at a growth)
+        #: the run's decisions between attempts, and what it has spent and learnt
+        self.controller = RunController(self.policy, config.np, config.elastic, config.min_np or 1)
         self._first: StartableGroup | None = None  # built before anything else of the run
         self._settles = True  # whether the engine's count of free slots needs the settle time
 
@@ -124,8 +119,9 @@ class Job:
         deadline = time.monotonic() + config.timeout if config.timeout else None
         self.output_files = None
         timeline = None
+        controller = self.controller
         try:
-            attempt = Attempt(0, self.policy.max_restarts, config.np)
+            attempt = controller.attempt
             # The engine checks its cluster (slots, Python) first, before anything is written.
             self._first = self.new_group(self._spec(attempt, deadline))
             # Before anything starts (a bad folder is a ValueError); one for the run: an
@@ -136,12 +132,20 @@ class Job:
                 else None
             )
             timeline = DriverTimeline()  # one for the run: restarts are marks in the same trace
+            decision: Decision = StartAttempt(attempt)
             while True:
-                outcome = self._attempt_explained(attempt, timeline, deadline)
-                attempt = dataclasses.replace(attempt, np=outcome.np)
-                if isinstance(outcome, Finished):
-                    return [_loads(outcome.results.get(r)) for r in range(outcome.np)]
-                attempt = self._after(outcome, attempt, timeline, deadline)
+                match decision:
+                    case StartAttempt(attempt=attempt, mark=mark):
+                        _carry_out(mark, timeline)
+                        outcome = self._attempt_explained(attempt, timeline, deadline)
+                        decision = controller.ended(outcome)
+                    case SizeNext(settle=settle, want=want, mark=mark):
+                        _carry_out(mark, timeline)
+                        decision = self._size(settle, want, deadline)
+                    case Finish(results=results, np=np):
+                        return [_loads(results.get(r)) for r in range(np)]
+                    case Fail(error=error):
+                        raise error from error.__cause__  # the rank's traceback, or none
         finally:
             if timeline is not None:
                 timeline.close()
@@ -152,88 +156,16 @@ class Job:
                 remove_host_commits(self.run_id)
 
     # -- what follows an attempt ------------------------------------------------------------
-    def _after(
-        self, outcome: Outcome, attempt: Attempt, timeline: DriverTimeline, deadline: float | None
-    ) -> Attempt:
-        """The attempt that follows one that did not finish, or the run's error."""
-        match outcome:
-            case StoppedToGrow(commit=commit):
-                return self._grow(attempt, commit, timeline, deadline)
-            case Failed(error=error):
-                self.failed.append(error)
-                if self.policy.decide(error, attempt.index + 1) == "fail":
-                    final = self._final_error()
-                    raise final from final.__cause__  # the rank's traceback, or none
-                _say(f"hora: {attempt} failed: {_indented_story(error)}")
-                return self._after_failure(attempt, error, timeline, deadline)
-            case TimedOut(error=timed_out):
-                if self.failed:
-                    raise _after_failures(timed_out, self.failed) from None
-                raise timed_out
-        raise AssertionError(f"no attempt follows {outcome!r}")
-
-    def _after_failure(
-        self,
-        attempt: Attempt,
-        error: WorkerFailedError,
-        timeline: DriverTimeline,
-        deadline: float | None,
-    ) -> Attempt:
-        """The next attempt after a failure: the same size, or (elastic) the cluster's."""
-        config = self.config
-        if self.sizer is None:
-            _say(f"hora: restarting every rank (max_restarts={self.policy.max_restarts})")
-            timeline.mark("restart", {"failed": str(attempt), "cause": _first_line(error)})
-            return attempt.next(attempt.np)
-        why = self._lost(error)
+    def _size(self, settle: bool, want: int | None, deadline: float | None) -> Decision:
+        """Ask the cluster for the next attempt's size (an elastic run's): the controller's
+        decision on its count."""
+        assert self.sizer is not None  # only an elastic run's controller asks for a size
+        wait = _wait(self.config.start_timeout, deadline)
         try:
-            np = self.sizer.next_size(_wait(config.start_timeout, deadline), self._settles)
+            np = self.sizer.next_size(wait, settle=settle and self._settles, want=want)
         except TooFewSlots as short:
-            raise self._too_few_slots(attempt, short, why) from None
-        change = f"resizing from {attempt.np} to" if np != attempt.np else "restarting"
-        _say(f"hora: {change} {np} ranks ({why}); the ranks resume from their last commit")
-        timeline.mark("resize", {"from": attempt.np, "to": np, "why": why})
-        return attempt.next(np)
-
-    def _grow(
-        self, attempt: Attempt, commit: int, timeline: DriverTimeline, deadline: float | None
-    ) -> Attempt:
-        """Every rank stopped at `commit` for the run to grow: the next, larger attempt."""
-        assert self.sizer is not None  # only an elastic run's ranks stop to grow
-        try:
-            wait = _wait(self.config.start_timeout, deadline)
-            np = self.sizer.next_size(wait, settle=False, want=attempt.np + 1)
-            self._known_commit = max(self._known_commit, commit)
-        except TooFewSlots as short:
-            raise self._too_few_slots(
-                attempt, short, "the slots it was to grow into left"
-            ) from None
-        why = f"free slots for {np} ranks; every rank stopped at commit {commit}"
-        _say(f"hora: resizing from {attempt.np} to {np} ranks ({why})")
-        timeline.mark("resize", {"from": attempt.np, "to": np, "why": why, "commit": commit})
-        return attempt.next(np)
-
-    def _lost(self, error: WorkerFailedError) -> str:
-        """What was lost, for the resize line: the failed rank's host and the failure."""
-        host = self._hosts.get(error.rank) if error.rank is not None else None
-        return (f"lost {host}: " if host else "") + _first_line(error)
-
-    def _too_few_slots(self, attempt: Attempt, short: TooFewSlots, why: str) -> WorkerFailedError:
-        min_np = self.config.min_np
-        lines = [
-            f"the cluster could run {short.seen} of min_np={min_np} ranks for {short.waited:.0f} s "
-            f"after {attempt} of {attempt.np} ranks ended ({why}); the run stops. Give the "
-            "cluster slots back, lower min_np, or raise start_timeout."
-        ]
-        for index, failure in enumerate(self.failed):
-            lines += ["", f"failed attempt {index + 1}: {_indented_story(failure)}"]
-        first = self.failed[0] if self.failed else None
-        return WorkerFailedError(
-            "\n".join(lines),
-            first.rank if first else None,
-            first.failed_ranks if first else (),
-            attempts=tuple(self.failed),
-        )
+            return self.controller.too_few_slots(short.seen, short.waited)
+        return self.controller.sized(np)
 
     def _attempt_explained(
         self, attempt: Attempt, timeline: DriverTimeline, deadline: float | None
@@ -243,8 +175,9 @@ class Job:
         try:
             return self._attempt(attempt, timeline, deadline)
         except (ValueError, RuntimeError) as error:
-            if self.failed and type(error) in (ValueError, RuntimeError):
-                raise type(error)(_with_earlier(str(error), self.failed)) from error
+            failed = self.controller.failed
+            if failed and type(error) in (ValueError, RuntimeError):
+                raise type(error)(_with_earlier(str(error), failed)) from error
             raise
 
     def _attempt(
@@ -252,7 +185,8 @@ class Job:
     ) -> Outcome:
         config = self.config
         if attempt.index:
-            _say(f"hora: {attempt} starting" + (f" ({attempt.np} ranks)" if config.elastic else ""))
+            ranks = f" ({attempt.np} ranks)" if config.elastic else ""
+            _carry_out(Mark(f"hora: {attempt} starting{ranks}"), None)
         group, self._first = self._first or self.new_group(self._spec(attempt, deadline)), None
         self._settles = settle_given() or not group.exact_count
         in_place = (config.min_np or 1) if config.elastic and group.reforms_in_place else None
@@ -274,12 +208,12 @@ class Job:
             config.collect_all,
             watchers,
             in_place_min_np=in_place,
-            known_commit=self._known_commit,
+            known_commit=self.controller.known_commit,
         )
         try:
             return monitor.run(Limits(config.start_timeout, config.timeout, deadline))
         finally:
-            self._hosts = monitor.finish().hosts  # for the next attempt's story
+            monitor.finish()
 
     def _spec(self, attempt: Attempt, deadline: float | None) -> AttemptSpec:
         """What the launcher of `attempt` gets: its ranks, its wait for slots (never past the
@@ -325,21 +259,6 @@ class Job:
         watch = FreeSlots(attempt.np, lambda held: count(held + _spare(group)), steady)
         return callbacks.Grow(watch, sizer.max_np, restart)
 
-    def _final_error(self) -> WorkerFailedError:
-        if len(self.failed) == 1:
-            return self.failed[0]  # no restart was allowed: the story as it always read
-        first = self.failed[0]
-        total = len(self.failed)
-        lines = [
-            f"every attempt failed ({total} of {total}, max_restarts={self.policy.max_restarts}); "
-            "each attempt's root cause, first failure first:"
-        ]
-        for index, error in enumerate(self.failed):
-            lines += ["", f"attempt {index + 1} of {total}: {_indented_story(error)}"]
-        return WorkerFailedError(
-            "\n".join(lines), first.rank, first.failed_ranks, attempts=tuple(self.failed)
-        )
-
 
 def _spare(group: StartableGroup | None) -> int:
     """Ranks the group's attempt could add in what it holds already (`Launcher.spare`)."""
@@ -357,29 +276,15 @@ def _loads(data: bytes | None) -> Any:
     return None if data is None else cloudpickle.loads(data)
 
 
-def _say(text: str) -> None:
-    sys.stdout.flush()
-    print(text, file=sys.stderr, flush=True)
-
-
-def _first_line(error: HoraError) -> str:
-    return str(error).split("\n", 1)[0]
-
-
-def _indented_story(error: HoraError) -> str:
-    first, _, rest = str(error).partition("\n")
-    if not rest:
-        return first
-    return first + "\n" + "\n".join(f"    {line}" if line else "" for line in rest.split("\n"))
+def _carry_out(mark: Mark, timeline: DriverTimeline | None) -> None:
+    """Say what the controller's decision says, and mark it in the run's timeline."""
+    if mark.say:
+        sys.stdout.flush()
+        print(mark.say, file=sys.stderr, flush=True)
+    if mark.name and timeline is not None:
+        timeline.mark(mark.name, mark.args)
 
 
 def _with_earlier(text: str, failed: list[WorkerFailedError]) -> str:
-    earlier = "\n".join(f"attempt {i + 1}: {_indented_story(e)}" for i, e in enumerate(failed))
+    earlier = "\n".join(f"attempt {i + 1}: {indented_story(e)}" for i, e in enumerate(failed))
     return f"{text}\n\nThe restart was for what failed before:\n{earlier}"
-
-
-def _after_failures(error: RunTimeoutError, failed: list[WorkerFailedError]) -> RunTimeoutError:
-    earlier = "; ".join(f"attempt {i + 1}: {_first_line(e)}" for i, e in enumerate(failed))
-    return RunTimeoutError(
-        f"{error} Timeouts are not restarted. Earlier attempts failed: {earlier}", error.ranks
-    )

@@ -10,7 +10,8 @@ from typing import Literal
 
 from hora.errors import HoraError, WorkerFailedError
 
-Decision = Literal["restart", "fail"]
+#: the policy's word on a failed attempt (the world's own are `hora.job.world.Decision`)
+Verdict = Literal["restart", "fail"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,7 @@ class FailurePolicy:
 
     max_restarts: int = 0
 
-    def decide(self, error: HoraError, failed_attempts: int) -> Decision:
+    def decide(self, error: HoraError, failed_attempts: int) -> Verdict:
         """`failed_attempts` counts the attempts that failed so far, this one included."""
         if not isinstance(error, WorkerFailedError):
             return "fail"
