@@ -23,11 +23,11 @@ from typing import Any, Protocol
 
 import cloudpickle
 
-from hora import environment
 from hora._output_files import OutputFiles
 from hora.checkpoint import remove_host_commits
 from hora.config import RunConfig
 from hora.engines import AttemptSpec
+from hora.environment import build
 from hora.errors import HoraError, RunTimeoutError, WorkerFailedError
 from hora.job import callbacks
 from hora.job.elastic import AttemptResized, FreeSlots, Sizer, TooFewSlots, settle_given
@@ -290,10 +290,10 @@ class Job:
         run's deadline), and the ranks' environment."""
         config = self.config
         env = (
-            environment.driver_env()
+            build.driver_env()
             | dict(config.env)
-            | environment.restart_env(attempt.index, attempt.max_restarts)
-            | environment.run_env(self.run_id, config.elastic)
+            | build.restart_env(attempt.index, attempt.max_restarts)
+            | build.run_env(self.run_id, config.elastic)
         )
         return dataclasses.replace(
             self.spec,

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
-from hora import environment
+from hora import environment, placement
 from hora.job.world import Abandon, Loss, ReformWorld, StartJoiners, World
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
@@ -150,7 +150,7 @@ def _reform(records: Records, order: ReformWorld) -> None:
     before = records.np
     _renumber(records, order.renumbered)
     records.np = len(order.members)
-    places = environment.placements(list(order.hosts))
+    places = placement.placements(list(order.hosts))
     told = order.running if order.grow else order.members
     for rank, pid in enumerate(order.members):
         if pid not in told:
@@ -245,7 +245,7 @@ def resized(world: World, generation: int, size: int, commit: int) -> ResizedInP
     return ResizedInPlace(before, size, seconds, commit, why)
 
 
-def reform_order(place: environment.RankPlacement, generation: int) -> Reform:
+def reform_order(place: placement.RankPlacement, generation: int) -> Reform:
     """The driver's word to a rank: its place in the world re-formed as `generation`."""
     return Reform(place, generation)
 
