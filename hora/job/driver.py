@@ -116,7 +116,7 @@ class Job:
             if capacity is None:
                 raise ValueError("an elastic run needs its engine's capacity")
             spec = self.spec
-            self.sizer = Sizer(config.min_np or 1, config.most_ranks, lambda h: capacity(spec, h))
+            self.sizer = Sizer(config.fewest_ranks, config.most_ranks, lambda h: capacity(spec, h))
         self._hosts: dict[int, str] = {}  # the last attempt's rank -> host
         self._known_commit = -1  # the newest commit every rank was seen to make (at a growth)
         self._first: StartableGroup | None = None  # built before anything else of the run
@@ -254,15 +254,13 @@ class Job:
             _say(f"hora: {attempt} starting" + (f" ({attempt.np} ranks)" if config.elastic else ""))
         group, self._first = self._first or self.new_group(self._spec(attempt, deadline)), None
         self._settles = settle_given() or not group.exact_count
-        in_place = (config.min_np or 1) if config.elastic and group.reforms_in_place else None
+        in_place = config.elastic and group.reforms_in_place
         watchers = callbacks.for_attempt(
             attempt.index,
             timeline,
             self.metrics,
             self.output_files,
-            self._growth(
-                attempt, in_place is not None and group.grows_in_place, group, in_place is not None
-            ),
+            self._growth(attempt, in_place and group.grows_in_place, group, in_place),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()
@@ -272,7 +270,8 @@ class Job:
             payload,
             config.collect_all,
             watchers,
-            in_place_min_np=in_place,
+            in_place=in_place,
+            min_np=config.fewest_ranks,
             known_commit=self._known_commit,
         )
         try:

@@ -90,7 +90,9 @@ class Monitor:
         payload: bytes,
         collect_all: bool,
         callbacks: Sequence[MonitorCallback] = (),
-        in_place_min_np: int | None = None,
+        *,
+        min_np: int,
+        in_place: bool = False,
         known_commit: int = -1,
     ):
         self.group = group
@@ -115,9 +117,8 @@ class Monitor:
         self._silence_due = 0.0  # no rank can be silent before it (`silence.silent`)
         self.resized: dict[int, int] = {}  # rank -> the commit it stopped at, to grow
         self.known_commit = known_commit  # the newest commit of the run the driver knows of
-        #: its ranks by process, re-formed in place where the engine can (`in_place_min_np`:
-        #: the fewest ranks it may shrink to; None: a lost rank ends the attempt)
-        self.world = World(np, in_place_min_np)
+        #: its ranks by process: re-formed in place (`in_place`) down to `min_np`, else restarted
+        self.world = World(np, min_np, in_place)
         self.start_timeout = 0.0  # the attempt's: how long new ranks have to reach the world
         self.state = AttemptState.STARTING
         for callback in self.callbacks:
@@ -225,7 +226,7 @@ class Monitor:
     def _may_go_on(self) -> bool:
         """The world may be asked to go on without the lost ranks: an attempt that may re-form,
         not stopped or asked where it is, and no survivor done already."""
-        if self.world.min_np is None or self.world.phase is Phase.RESTARTING:
+        if not self.world.in_place or self.world.phase is Phase.RESTARTING:
             return False
         lost = in_place.lost(self)
         survivors = [r for r in range(self.np) if r not in lost]
@@ -241,7 +242,7 @@ class Monitor:
     def may_grow(self) -> bool:
         """Whether the growth watch may judge now: every rank's hvd.elastic.run has said
         whether it can re-form, and no change of the world is under way."""
-        return self.world.min_np is None or self.world.phase is Phase.RUNNING
+        return not self.world.in_place or self.world.phase is Phase.RUNNING
 
     def grow_in_place(self, size: int) -> bool:
         """Start new ranks for a world of `size` that the running ranks re-form into at their
