@@ -120,6 +120,12 @@ class RunConfig:
         return self.min_np is not None or self.max_np is not None
 
     @property
+    def fewest_ranks(self) -> int:
+        """The fewest ranks an attempt of the run may have, or a world re-formed in place:
+        `min_np` where the run is elastic (np unless given, `_check_elastic`), else np."""
+        return self.np if self.min_np is None else self.min_np
+
+    @property
     def most_ranks(self) -> int:
         """The most ranks any attempt of the run may have (`hora.engines.most_ranks`)."""
         return engines.most_ranks(self.np, self.max_np)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hora.cli import main
-from hora.environment import threads_per_rank
+from hora.environment.build import threads_per_rank
 from tests import _workers
 from tests.conftest import wait_for_no_processes
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from hora import environment
+from hora import environment, placement
+from hora.environment import build
 
 
 def test_what_hora_writes_reads_back_whole() -> None:
-    place = environment.placements(["a", "b", "a", "b"])[2]
-    env = environment.worker_env(place, "10.0.0.1", 29500, base={})
-    env |= environment.restart_env(1, 3)
+    place = placement.placements(["a", "b", "a", "b"])[2]
+    env = build.worker_env(place, "10.0.0.1", 29500, base={})
+    env |= build.restart_env(1, 3)
     here = environment.current(env)
     assert here.placement == place
     assert (here.rank, here.size) == (2, 4)
@@ -26,7 +27,7 @@ def test_torchrun_and_horovodrun_names_are_read_too() -> None:
     assert here.placement is None  # torchrun gave no local/cross coordinates here
     horovodrun = {"HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1"}
     horovodrun |= {"HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2"}
-    assert environment.current(horovodrun).placement == environment.RankPlacement(3, 4, 1, 2, 1, 2)
+    assert environment.current(horovodrun).placement == placement.RankPlacement(3, 4, 1, 2, 1, 2)
 
 
 def test_a_plain_process_is_nobody_in_particular() -> None:
@@ -40,24 +41,11 @@ def test_a_garbled_value_names_the_variable() -> None:
         environment.current({"RANK": "one"})
 
 
-def test_ranks_are_numbered_host_by_host() -> None:
-    """Spark schedules tasks round-robin over executors; ranks must not follow that order."""
-    slots = ["h1", "h2", "h1", "h2", "h3"]
-    order = environment.host_order(slots)
-    assert order == [0, 2, 1, 3, 4]
-    hosts_by_rank = [slots[slot] for slot in order]
-    places = environment.placements(hosts_by_rank)
-    assert [(p.local_rank, p.local_size, p.cross_rank) for p in places] == [
-        (0, 2, 0), (1, 2, 0), (0, 2, 1), (1, 2, 1), (0, 1, 2),
-    ]  # fmt: skip
-    assert environment.host_order(["a", "a"]) == [0, 1]  # one host: slot order
-
-
 def test_torchrun_per_task_changes_torchrun_s_names_only() -> None:
     """A rank of TorchDistributor on Spark sees torchrun's names as pyspark's one-process
     torchrun of its task gives them; hora reads its own per-host place all the same."""
-    place = environment.placements(["a", "b", "a", "b"])[2]  # the second rank of host a
-    env = environment.worker_env(place, "10.0.0.1", 29500, base={"CUDA_VISIBLE_DEVICES": "4,6"})
+    place = placement.placements(["a", "b", "a", "b"])[2]  # the second rank of host a
+    env = build.worker_env(place, "10.0.0.1", 29500, base={"CUDA_VISIBLE_DEVICES": "4,6"})
     assert environment.task_view(env) == {}  # unmarked: per host, as horovodrun
     env[environment.PER_TASK_VAR] = "1"
     env |= environment.task_view(env)
@@ -69,5 +57,5 @@ def test_torchrun_per_task_changes_torchrun_s_names_only() -> None:
 
 
 def test_every_run_looks_launched_by_torchrun() -> None:
-    run = environment.run_env("abc", elastic=False)
+    run = build.run_env("abc", elastic=False)
     assert run["TORCHELASTIC_RUN_ID"] == run["HORA_RUN_ID"] == "abc"

@@ -65,10 +65,13 @@ FLOORS: dict[int, tuple[str, ...]] = {
         "hora.storage",  # where files live: one face (Location), one atomic writer
     ),
     1: (
-        "hora.wire",  # how processes talk: imports nothing of hora but hora.errors
+        "hora.wire",  # how processes talk: imports nothing of hora but hora.errors, placement
         "hora._sources",  # the lines of the code a payload ships, for the ranks' tracebacks
     ),
-    0: ("hora.errors",),
+    0: (
+        "hora.errors",
+        "hora.placement",  # where ranks sit: the driver's orders, the wire and the collectives
+    ),
 }
 FLOOR_OF_ROOM = {room: floor for floor, rooms in FLOORS.items() for room in rooms}
 

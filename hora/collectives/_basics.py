@@ -27,7 +27,7 @@ from hora.collectives._data.groups import GroupInfo, destroy_groups, make_groups
 from hora.collectives._messages import ProcessSetChange
 from hora.collectives._start import env_float, start_loop
 from hora.collectives.ops import barrier
-from hora.environment import RankPlacement, placements
+from hora.placement import RankPlacement, placements
 
 _atexit_registered = False
 _created_default_group = False
@@ -99,9 +99,7 @@ def init(
     world = make_world(rank, size, wait)
     place = _placement(rank, size, world.gloo)
     groups: dict[int, GroupInfo] = {0: world}
-    loop = start_loop(
-        rank, size, (place.cross_rank, place.local_rank, place.local_size), groups, wait
-    )
+    loop = start_loop(place, groups, wait)
     dynamic = process_sets == "dynamic" or os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") in (
         "1",
         "true",

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from hora import environment
 from hora.environment import RankEnvironment
+from hora.environment.build import placement_env
 from hora.wire import link
 from hora.wire.protocol import Formed, Joining, Reform
 
@@ -127,7 +128,7 @@ def init_default_group(here: RankEnvironment, wait: timedelta, opening: bool = F
 def take(order: Reform) -> RankEnvironment:
     """Write the place `order` gives this process, and its world's generation, where `init()`
     and the user's code read them."""
-    os.environ.update(environment.placement_env(order.place))
+    os.environ.update(placement_env(order.place))
     os.environ[environment.GENERATION_VAR] = str(order.generation)
     return environment.current()
 

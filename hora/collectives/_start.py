@@ -21,6 +21,7 @@ from hora.collectives._control.stall import StallSettings
 from hora.collectives._control.tree import NegotiationTree, fanout_from_env
 from hora.collectives._data import hierarchy, shm_setup
 from hora.collectives._data.groups import GroupInfo
+from hora.placement import RankPlacement
 from hora.wire import link
 
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
@@ -33,15 +34,11 @@ def env_float(name: str, default: float) -> float:
 
 
 def start_loop(
-    rank: int,
-    size: int,
-    local: tuple[int, int, int],
-    groups: dict[int, GroupInfo],
-    wait: timedelta,
+    place: RankPlacement, groups: dict[int, GroupInfo], wait: timedelta
 ) -> CollectiveLoop:
     """The loop thread, its negotiation tree, and the world's data path beyond gloo: shared
-    memory on one host, the hierarchical path on several. `local`: this rank's (cross rank,
-    local rank, local size)."""
+    memory on one host, the hierarchical path on several, for the rank at `place`."""
+    rank, size = place.rank, place.size
     world = groups[0]
     config = LoopConfig(
         rank=rank,
@@ -79,10 +76,10 @@ def start_loop(
         sockets = _join_tree(tree, rank, server, address, token, key, store, config.timeout_s)
         loop = CollectiveLoop(config, groups, sockets)
         # Both set-ups gather from every rank, each of which has read the key by then.
-        if local[2] == size:  # one host
+        if place.local_size == size:  # one host
             world.local = shm_setup.connect(rank, size, 0, token, key, world.gloo, config.timeout_s)
         else:
-            world.hierarchy = hierarchy.connect(rank, local, token, key, world.gloo, wait)
+            world.hierarchy = hierarchy.connect(place, token, key, world.gloo, wait)
     finally:
         if rank == 0 and mode == "store":
             with contextlib.suppress(Exception):

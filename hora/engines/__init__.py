@@ -36,7 +36,8 @@ from hora.engines.entry_points import GROUP, BrokenEntryPoint, discover
 from hora.engines.process import WorkerProcess, describe_exit, stop_all
 from hora.engines.rendezvous import host_store
 from hora.engines.supervisor import SupervisedWorker, supervised_worker
-from hora.environment import RankPlacement, joining_order, placements, worker_env
+from hora.environment.build import worker_env
+from hora.placement import RankPlacement, joining_order, placements
 from hora.wire.protocol import Boot, EngineFailed, Exited, Output, Plan
 
 __all__ = [

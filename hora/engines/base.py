@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hora import environment
+from hora.environment.build import driver_sys_path
 from hora.wire.protocol import Boot, DriverMessage
 
 
@@ -74,7 +74,7 @@ class LaunchContext:
         """What a worker reads on stdin to find and authenticate to the driver; the driver's
         import path goes with it (modules it can import unpickle in the worker), and the setup
         the worker runs before the job."""
-        sys_path = tuple(environment.driver_sys_path())
+        sys_path = tuple(driver_sys_path())
         return Boot(self.address, self.secret, rank, sys_path, self.rank_setup)
 
     def report(self, message: DriverMessage) -> None:
@@ -128,7 +128,7 @@ class Launcher(ABC):
         names it to the driver (its Boot's rank, never one used before), `rank` is its place in
         the larger world, after the running ranks, whose ids `running` lists in rank order.
         The engine chooses the new workers' hosts, so it gives each its placement in the larger
-        world from every rank's host as the engine names it (`environment.joining_order` pairs
+        world from every rank's host as the engine names it (`placement.joining_order` pairs
         the new slots with the joiners); `env` is added to the attempt's. Returns at once: a
         worker that cannot start is reported (`EngineFailed`) under its id. Called by
         `hora.job.in_place` only where `grows_in_place`."""

@@ -15,8 +15,9 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from hora import _shipping, environment
+from hora import _shipping
 from hora.engines.process import WorkerProcess, remove_segments_left, stop_all
+from hora.environment.build import supervised_rank_env
 from hora.wire.channel import Connection
 from hora.wire.protocol import Boot, Exited, Output, Plan
 
@@ -58,7 +59,7 @@ def supervised_worker(
             conn.send(Exited(rank, code))
         exited.set()
 
-    env = environment.supervised_rank_env(
+    env = supervised_rank_env(
         rank if place is None else place,
         plan.ranks,
         plan.master,

@@ -24,11 +24,11 @@ from typing import Any, Protocol
 
 import cloudpickle
 
-from hora import environment
 from hora._output_files import OutputFiles
 from hora.checkpoint import remove_host_commits
 from hora.config import RunConfig
 from hora.engines import AttemptSpec
+from hora.environment import build
 from hora.errors import WorkerFailedError
 from hora.job import callbacks
 from hora.job.controller import (
@@ -108,9 +108,9 @@ class Job:
             if capacity is None:
                 raise ValueError("an elastic run needs its engine's capacity")
             spec = self.spec
-            self.sizer = Sizer(config.min_np or 1, config.most_ranks, lambda h: capacity(spec, h))
+            self.sizer = Sizer(config.fewest_ranks, config.most_ranks, lambda h: capacity(spec, h))
         #: the run's decisions between attempts, and what it has spent and learnt
-        self.controller = RunController(self.policy, config.np, config.elastic, config.min_np or 1)
+        self.controller = RunController(self.policy, config.np, config.elastic, config.fewest_ranks)
         self._first: StartableGroup | None = None  # built before anything else of the run
         self._settles = True  # whether the engine's count of free slots needs the settle time
 
@@ -189,15 +189,13 @@ class Job:
             _carry_out(Mark(f"hora: {attempt} starting{ranks}"), None)
         group, self._first = self._first or self.new_group(self._spec(attempt, deadline)), None
         self._settles = settle_given() or not group.exact_count
-        in_place = (config.min_np or 1) if config.elastic and group.reforms_in_place else None
+        in_place = config.elastic and group.reforms_in_place
         watchers = callbacks.for_attempt(
             attempt.index,
             timeline,
             self.metrics,
             self.output_files,
-            self._growth(
-                attempt, in_place is not None and group.grows_in_place, group, in_place is not None
-            ),
+            self._growth(attempt, in_place and group.grows_in_place, group, in_place),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()
@@ -207,7 +205,8 @@ class Job:
             payload,
             config.collect_all,
             watchers,
-            in_place_min_np=in_place,
+            in_place=in_place,
+            min_np=config.fewest_ranks,
             known_commit=self.controller.known_commit,
         )
         try:
@@ -220,10 +219,10 @@ class Job:
         run's deadline), and the ranks' environment."""
         config = self.config
         env = (
-            environment.driver_env()
+            build.driver_env()
             | dict(config.env)
-            | environment.restart_env(attempt.index, attempt.max_restarts)
-            | environment.run_env(self.run_id, config.elastic)
+            | build.restart_env(attempt.index, attempt.max_restarts)
+            | build.run_env(self.run_id, config.elastic)
         )
         return dataclasses.replace(
             self.spec,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from hora import environment
+from hora import environment, placement
 from hora.job.records import Records
 from hora.job.world import Abandon, Loss, ReformWorld, StartJoiners, World
 from hora.wire.channel import Connection
@@ -115,7 +115,7 @@ def carry_out(records: Records, group: Any, decision: Any) -> GrowingInPlace | N
 def _reform(records: Records, order: ReformWorld) -> None:
     """Tell each process its place: the survivors of a loss re-form now; to grow, the running
     ones at their next commit (every Reform before any HostsUpdated)."""
-    places = environment.placements(list(order.hosts))
+    places = placement.placements(list(order.hosts))
     told = order.running if order.grow else order.members
     for rank, pid in enumerate(order.members):
         if pid not in told:
@@ -191,7 +191,7 @@ def resized(world: World, generation: int, size: int, commit: int) -> ResizedInP
     return ResizedInPlace(before, size, seconds, commit, why)
 
 
-def reform_order(place: environment.RankPlacement, generation: int) -> Reform:
+def reform_order(place: placement.RankPlacement, generation: int) -> Reform:
     """The driver's word to a rank: its place in the world re-formed as `generation`."""
     return Reform(place, generation)
 

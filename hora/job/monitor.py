@@ -73,14 +73,15 @@ class Monitor:
         payload: bytes,
         collect_all: bool,
         callbacks: Sequence[MonitorCallback] = (),
-        in_place_min_np: int | None = None,
+        *,
+        min_np: int,
+        in_place: bool = False,
         known_commit: int = -1,
     ):
         self.group = group
         self.callbacks = tuple(callbacks)
-        #: its ranks by process, re-formed in place where the engine can (`in_place_min_np`:
-        #: the fewest ranks it may shrink to; None: a lost rank ends the attempt)
-        self.world = World(np, in_place_min_np)
+        #: its ranks by process: re-formed in place (`in_place`) down to `min_np`, else restarted
+        self.world = World(np, min_np, in_place)
         self.records = Records(self.world)
         multi_host = group.multi_host
         self.hearing = Hearing(
@@ -223,7 +224,7 @@ class Monitor:
     def _may_go_on(self) -> bool:
         """The world may be asked to go on without the lost ranks: an attempt that may re-form,
         not stopped or asked where it is, and no survivor done already."""
-        if self.world.min_np is None or self.world.phase is Phase.RESTARTING:
+        if not self.world.in_place or self.world.phase is Phase.RESTARTING:
             return False
         survivors = [rec for _, rec in self.records.ranked() if not rec.lost]
         done = any(rec.finished for rec in survivors)
@@ -242,7 +243,7 @@ class Monitor:
     def may_grow(self) -> bool:
         """Whether the growth watch may judge now: every rank's hvd.elastic.run has said
         whether it can re-form, and no change of the world is under way."""
-        return self.world.min_np is None or self.world.phase is Phase.RUNNING
+        return not self.world.in_place or self.world.phase is Phase.RUNNING
 
     def grow_in_place(self, size: int) -> bool:
         """Start new ranks for a world of `size` that the running ranks re-form into at their

@@ -94,10 +94,14 @@ class Loss:
 
 @dataclass
 class World:
-    """One attempt's membership; `min_np` None: it never re-forms in place (a loss restarts)."""
+    """One attempt's membership."""
 
     np: int
-    min_np: int | None
+    #: the fewest ranks a world re-formed in place may have
+    min_np: int
+    #: whether the world may re-form in place at all (an elastic run on an engine whose ranks
+    #: can): False, a lost rank restarts the attempt and the world never grows in place
+    in_place: bool
     members: list[int] = field(default_factory=list)  # ids in rank order
     hosts: dict[int, str] = field(default_factory=dict)  # id -> host (its Hello)
     able: set[int] = field(default_factory=set)  # ids whose hvd.elastic.run can re-form
@@ -185,7 +189,7 @@ class World:
         if not (
             self.phase is Phase.RUNNING
             and can_add
-            and self.min_np is not None
+            and self.in_place
             and size > self.size
             and all(m in self.able and m not in self.no_growth for m in self.members)
         ):
@@ -279,7 +283,7 @@ class World:
         waits there, or has yet to reach it, and will hear of the smaller world), every lost
         rank is gone, and at least min_np are left."""
         return (
-            self.min_np is not None
+            self.in_place
             and not self.formed & set(self.members)  # the lost ranks are members still
             and len(survivors) >= self.min_np
             and all(loss.gone and not loss.own for loss in losses)
@@ -296,7 +300,7 @@ class World:
         """Every lost running rank is gone without a word of its own, and at least min_np
         survivors run in an hvd.elastic.run that can re-form."""
         return (
-            self.min_np is not None
+            self.in_place
             and self.phase is not Phase.STARTING
             and len(survivors) >= self.min_np
             and all(loss.gone and not loss.own for loss in running_lost)

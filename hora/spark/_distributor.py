@@ -25,6 +25,7 @@ from hora._script import check_script, run_script
 from hora.config import RunConfig
 from hora.engines.spark import ENGINE as SPARK
 from hora.engines.spark import TORCH_IGNORE_SSL, active_session, gpu_amount_key
+from hora.environment import gpus
 from hora.job import launch
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -184,9 +185,9 @@ def driver_gpus(resource: str = "gpu") -> list[str]:
     there), this machine's. Empty when there are none."""
     session = active_session()
     if session is None or session.kind == "connect":
-        return environment.local_gpus()
+        return gpus.local_gpus()
     addresses = session.driver_gpus(resource)
-    return environment.cuda_devices(addresses) if addresses else []
+    return gpus.cuda_devices(addresses) if addresses else []
 
 
 def _require_spark_session(door: str, local_mode: str) -> None:

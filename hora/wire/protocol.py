@@ -3,8 +3,9 @@
 One module, so that a reader sees the whole conversation in one place and a sender and its
 receiver cannot drift apart on a tuple's order. Messages are NamedTuples: immutable, cheap to
 pickle over the channel, and matched by type (`match message: case Output(...)`), not by a string
-tag. Nothing here imports more than the standard library and the channel: the worker bootstrap
-and Spark's Python workers import it too.
+tag. Nothing here imports more than the standard library, the channel and `hora.placement` (the
+`RankPlacement` a `Reform` carries): the worker bootstrap and Spark's Python workers import it
+too.
 
 Who sends what:
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
+from hora.placement import RankPlacement
 from hora.wire.channel import allowed_classes
 
 # -- launcher -> worker process -----------------------------------------------------------------
@@ -218,20 +220,6 @@ class HostsUpdated(NamedTuple):
     so re-form there into that larger world (its `Reform` came first) instead of ending."""
 
     generation: int = 0
-
-
-class RankPlacement(NamedTuple):
-    """Where one rank sits: its global, local (per host) and cross (host index) coordinates.
-
-    The one type for them: a launcher's environment (`hora.environment`), the driver's `Reform`
-    and the collectives' state all hold one."""
-
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
 
 
 class Reform(NamedTuple):

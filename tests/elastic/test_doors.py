@@ -47,6 +47,13 @@ def test_defaults_follow_horovodrun_and_an_elastic_run_gets_restarts():
     assert (fixed.elastic, fixed.max_restarts, fixed.min_np, fixed.max_np) == (False, 0, None, None)
 
 
+def test_the_fewest_and_most_ranks_of_a_run_are_its_bounds():
+    """What the driver sizes attempts by and shrinks in place to: min_np..max_np where the run
+    is elastic (the one default: np), np..np where it is not."""
+    configs = [RunConfig(np=4, min_np=2), RunConfig(np=4, max_np=8), RunConfig(np=4)]
+    assert [(c.fewest_ranks, c.most_ranks) for c in configs] == [(2, 4), (4, 8), (4, 4)]
+
+
 def test_the_command_line_takes_horovods_flags_and_refuses_bad_ones(capsys):
     status = cli.main(["run", "-np", "2", "--min-np", "3", "--max-np", "4", "python", "-c", "1"])
     assert status == cli.EXIT_USAGE

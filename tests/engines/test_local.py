@@ -10,7 +10,6 @@ import threading
 import pytest
 
 import hora
-from hora import environment
 from hora.engines import process
 from tests import _workers
 from tests.conftest import tagged_processes
@@ -56,26 +55,6 @@ def test_threads_default_to_cores_per_local_rank():
 
 def test_init_process_group_needs_no_arguments():
     assert hora.run(_workers.gloo_allreduce, np=2) == [3.0, 3.0]
-
-
-def test_placements_across_hosts():
-    places = environment.placements(["a", "b", "a", "b", "c"])
-    assert [(p.local_rank, p.local_size, p.cross_rank) for p in places] == [
-        (0, 2, 0),
-        (0, 2, 1),
-        (1, 2, 0),
-        (1, 2, 1),
-        (0, 1, 2),
-    ]
-    assert {p.cross_size for p in places} == {3}
-
-
-def test_joining_ranks_follow_the_running_ones_host_by_host():
-    """New slots on a running host come first (that host's ranks as contiguous as they can
-    be), new hosts after, in the order of their slots."""
-    running = ["a", "a", "b"]
-    assert environment.joining_order(running, ["c", "b", "c", "a"]) == [3, 1, 0, 2]
-    assert environment.joining_order([], ["x", "y", "x"]) == [0, 2, 1]
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ class Recorder(MonitorCallback):
 def watched(script: list[object], *extra: MonitorCallback) -> tuple[Monitor, Recorder, Any]:
     group = FakeGroup(script, {})
     recorder = Recorder()
-    monitor = Monitor(group, 2, b"job", True, [recorder, *extra])
+    monitor = Monitor(group, 2, b"job", True, [recorder, *extra], min_np=2)
     outcome: Any = monitor.run(LIMITS)
     monitor.finish()
     match outcome:

@@ -19,8 +19,8 @@ from hora.job.world import (
 )
 
 
-def running(np: int = 4, min_np: int | None = 2) -> World:
-    world = World(np, min_np)
+def running(np: int = 4, min_np: int = 2, in_place: bool = True) -> World:
+    world = World(np, min_np, in_place)
     for pid in range(np):
         assert world.started(pid, f"h{pid % 2}") == pid
         world.said(pid, able=True, grows=True)
@@ -37,7 +37,7 @@ def growing(world: World, size: int) -> StartJoiners:
 
 
 def test_the_world_starts_until_every_rank_said_whether_it_can_re_form():
-    world = World(3, 2)
+    world = World(3, 2, in_place=True)
     world.said(0, able=True, grows=True)
     world.said(1, able=False, grows=False)
     assert world.phase is Phase.STARTING
@@ -47,7 +47,7 @@ def test_the_world_starts_until_every_rank_said_whether_it_can_re_form():
 
 def test_a_rank_lost_while_the_first_world_gathers_leaves_a_smaller_one_gathering():
     """No rank is past the rendezvous: the survivors, waiting there, hear of a smaller world."""
-    world = World(4, 2)
+    world = World(4, 2, in_place=True)
     world.started(0, "h0")
     [order] = world.lose([Loss(2, gone=True)], 0.0, "rank 2 failed")
     assert isinstance(order, ReformWorld) and not order.grow
@@ -60,11 +60,11 @@ def test_a_rank_lost_while_the_first_world_gathers_leaves_a_smaller_one_gatherin
 
 
 def test_a_rank_lost_once_a_rank_is_past_the_first_rendezvous_restarts_every_rank():
-    world = World(3, 2)
+    world = World(3, 2, in_place=True)
     world.gathered(1, 0)
     assert world.lose([Loss(2, gone=True)], 0.0, "rank 2 failed") == [Restart("rank 2 failed")]
     assert world.phase is Phase.RESTARTING
-    world = World(3, 2)
+    world = World(3, 2, in_place=True)
     world.gathered(2, 0)  # the lost rank itself was past it: so may the others be
     assert world.lose([Loss(2, gone=True)], 0.0, "x") == [Restart("x")]
 
@@ -109,13 +109,13 @@ def test_what_cannot_re_form_restarts(losses):
 
 
 def test_a_world_that_never_re_forms_restarts_on_any_loss():
-    world = running(2, None)
+    world = running(2, in_place=False)
     assert world.lose([Loss(1, gone=True)], 0.0, "x") == [Restart("x")]
     assert world.grow(4, can_add=True, now=0, wait=1) is None
 
 
 def test_a_survivor_that_cannot_re_form_restarts():
-    world = World(3, 2)
+    world = World(3, 2, in_place=True)
     for pid in range(3):
         world.said(pid, able=pid != 0, grows=True)
     assert world.lose([Loss(2, gone=True)], 0.0, "x") == [Restart("x")]
@@ -217,9 +217,8 @@ def _apply(world: World, kind: str, args: list, clock: int, used: set[int]) -> t
         decisions = world.lose(losses, float(clock), "lost")
         if any(isinstance(d, Restart) for d in decisions):
             survivors = set(world.members) - lost
-            assert len(survivors) < world.min_np or any(not loss.gone for loss in losses), (
-                "a restart while the world could re-form"
-            )
+            could_re_form = len(survivors) >= world.min_np and all(loss.gone for loss in losses)
+            assert not (world.in_place and could_re_form), "a restart while it could re-form"
         return decisions, lost
     if kind == "grow":
         before = world.size
@@ -242,9 +241,14 @@ def _apply(world: World, kind: str, args: list, clock: int, used: set[int]) -> t
 
 
 @settings(max_examples=300, deadline=None)
-@given(np=st.integers(1, 6), min_np=st.integers(1, 4), events=st.lists(event, max_size=25))
-def test_random_events_keep_the_world_whole(np, min_np, events):
-    world = running(np, min_np)
+@given(
+    np=st.integers(1, 6),
+    min_np=st.integers(1, 4),
+    in_place=st.booleans(),
+    events=st.lists(event, max_size=25),
+)
+def test_random_events_keep_the_world_whole(np, min_np, in_place, events):
+    world = running(np, min_np, in_place)
     used: set[int] = set(range(np))
     generation = 0
     for clock, (kind, *args) in enumerate(events):
@@ -254,6 +258,8 @@ def test_random_events_keep_the_world_whole(np, min_np, events):
             assert world.phase is Phase.RESTARTING
             return
         for decision in decisions:
+            # a world that may not re-form in place only ever restarts
+            assert in_place or not isinstance(decision, ReformWorld | StartJoiners)
             if isinstance(decision, ReformWorld):
                 assert decision.generation > generation
                 generation = decision.generation

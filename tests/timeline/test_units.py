@@ -15,6 +15,7 @@ import pytest
 from hora import environment
 from hora.config import RunConfig
 from hora.engines.base import AttemptSpec, LaunchContext, Launcher
+from hora.environment import build
 from hora.job.driver import Job
 from hora.job.group import WorkerGroup
 from hora.timeline._events import STOP, RankTrack
@@ -212,5 +213,5 @@ def test_timeline_variables_set_on_the_driver_are_sent_to_every_engine(monkeypat
         "HOROVOD_TIMELINE": "/somewhere/trace.json",
         "HOROVOD_TIMELINE_MARK_CYCLES": "0",  # the run's own env wins
         "OTHER": "x",
-    } | environment.restart_env(0, 0)
-    assert environment.driver_env({"HORA_TIMELINE": "", "PATH": "/bin"}) == {}
+    } | build.restart_env(0, 0)
+    assert build.driver_env({"HORA_TIMELINE": "", "PATH": "/bin"}) == {}

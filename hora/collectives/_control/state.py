@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hora.collectives._common import NOT_INITIALIZED
-from hora.environment import RankPlacement
+from hora.placement import RankPlacement
 
 if TYPE_CHECKING:
     from hora.collectives._control.loop import CollectiveLoop

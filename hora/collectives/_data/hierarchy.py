@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -44,6 +43,7 @@ import torch.distributed as dist
 from hora.collectives._data import shm, shm_setup
 from hora.collectives._data.dtypes import as_bytes, scale_
 from hora.collectives._data.transports import REDUCE_OPS, all_gather_single
+from hora.placement import RankPlacement, hosts_of
 
 ALLREDUCE_VAR = "HOROVOD_HIERARCHICAL_ALLREDUCE"
 ALLGATHER_VAR = "HOROVOD_HIERARCHICAL_ALLGATHER"  # broadcast follows it too
@@ -53,24 +53,6 @@ OFF = ("0", "false", "no", "off")
 def wanted(name: str) -> bool:
     """Whether this process lets `name`'s operations go hierarchical: yes unless it says no."""
     return os.environ.get(name, "").strip().lower() not in OFF
-
-
-def hosts_of(places: Sequence[tuple[int, int, int]]) -> list[list[int]] | None:
-    """The global ranks of each host, in host order, from every rank's (cross rank, local rank,
-    local size); None unless the ranks are numbered host by host, as every hora engine,
-    horovodrun and torchrun number them (rank = ranks of earlier hosts + local rank)."""
-    hosts: list[list[int]] = []
-    for rank, (cross, local, local_size) in enumerate(places):
-        if local == 0 and cross == len(hosts):
-            hosts.append([])
-        if not hosts or cross != len(hosts) - 1 or local != len(hosts[-1]):
-            return None
-        hosts[-1].append(rank)
-        if local_size != places[hosts[-1][0]][2]:
-            return None
-    if any(len(ranks) != places[ranks[0]][2] for ranks in hosts):
-        return None
-    return hosts
 
 
 class Hierarchy:
@@ -167,28 +149,27 @@ class Hierarchy:
 
 
 def connect(
-    rank: int,
-    local: tuple[int, int, int],
+    place: RankPlacement,
     token: bytes,
     key: bytes,
     world: Any,
     wait: timedelta,
 ) -> Hierarchy | None:
     """Set up the hierarchical path for a job on several hosts, or None where it does not fit
-    (or is turned off) and the flat path serves. `local`: this rank's (cross rank, local rank,
-    local size). Every rank of the world calls it; all decide alike, from what all of them
-    say (their placement and their settings)."""
-    mine = (*local, wanted(ALLREDUCE_VAR), wanted(ALLGATHER_VAR))
+    (or is turned off) and the flat path serves. Every rank of the world calls it with its
+    `place`; all decide alike, from what all of them say (their placement and their
+    settings)."""
+    mine = (place, wanted(ALLREDUCE_VAR), wanted(ALLGATHER_VAR))
     said: list[Any] = [None] * dist.get_world_size(world)
     dist.all_gather_object(said, mine, group=world)
-    hosts = hosts_of([s[:3] for s in said])
-    allreduce = all(s[3] for s in said)
-    allgather = all(s[4] for s in said)
+    hosts = hosts_of([theirs for theirs, _, _ in said])
+    allreduce = all(reduce_on for _, reduce_on, _ in said)
+    allgather = all(gather_on for _, _, gather_on in said)
     if hosts is None or len(hosts) < 2 or max(map(len, hosts)) < 2:
         return None
     if not (allreduce or allgather):
         return None
-    cross_rank, local_rank, local_size = local
+    local_rank, local_size, cross_rank = place.local_rank, place.local_size, place.cross_rank
     reducer = shm_setup.connect(
         local_rank, local_size, cross_rank, token, key, world, wait.total_seconds()
     )
@@ -199,6 +180,6 @@ def connect(
     for index in range(1 if leaders else local_size):  # every rank makes every group, in order
         ranks = [host[index] for host in hosts]
         group = dist.new_group(ranks, backend="gloo", timeout=wait)
-        if rank in ranks:
+        if place.rank in ranks:
             cross = group
-    return Hierarchy(reducer, cross, hosts, rank, leaders, allreduce, allgather)
+    return Hierarchy(reducer, cross, hosts, place.rank, leaders, allreduce, allgather)

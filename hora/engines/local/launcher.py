@@ -6,10 +6,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from hora import environment
+from hora import placement
 from hora.engines.base import AttemptSpec, LaunchContext, Launcher
 from hora.engines.process import WorkerProcess, remove_segments_left, stop_all
 from hora.engines.rendezvous import host_store
+from hora.environment.build import worker_env
 from hora.wire.protocol import Exited, Output
 
 LOOPBACK = "127.0.0.1"
@@ -37,7 +38,7 @@ class LocalLauncher(Launcher):
     def start(self, ctx: LaunchContext) -> None:
         self._store, port = host_store(LOOPBACK)
         self._port, self._ctx = port, ctx
-        for place in environment.placements([LOOPBACK] * self.spec.np):
+        for place in placement.placements([LOOPBACK] * self.spec.np):
             self._workers.append(_start_worker(ctx, place, port, self.spec.env))
 
     def add(
@@ -45,7 +46,7 @@ class LocalLauncher(Launcher):
     ) -> None:
         if self._ctx is None:
             raise RuntimeError("the local launcher adds ranks only to a started attempt")
-        places = environment.placements([LOOPBACK] * (len(running) + len(joiners)))
+        places = placement.placements([LOOPBACK] * (len(running) + len(joiners)))
         for ident, rank in joiners:  # every host is this one: new ranks follow the running
             worker_env = {**self.spec.env, **env}
             self._workers.append(
@@ -62,7 +63,7 @@ class LocalLauncher(Launcher):
 
 def _start_worker(
     ctx: LaunchContext,
-    place: environment.RankPlacement,
+    place: placement.RankPlacement,
     port: int,
     env: Mapping[str, str],
     ident: int | None = None,
@@ -72,7 +73,7 @@ def _start_worker(
     rank = place.rank if ident is None else ident
     return WorkerProcess(
         ctx.boot(rank),
-        environment.worker_env(place, LOOPBACK, port, user_env=env),
+        worker_env(place, LOOPBACK, port, user_env=env),
         on_line=lambda stream, line: ctx.report(Output(rank, stream, line)),
         on_exit=lambda code: ctx.report(Exited(rank, code)),
         cwd=os.getcwd(),

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from hora import _shipping, environment
+from hora import _shipping, placement
 from hora.engines.base import AttemptSpec, LaunchContext, Launcher
 from hora.engines.ray.actor import RankSupervisor
 from hora.engines.ray.shipping import hora_runtime_env
@@ -148,7 +148,7 @@ class RayLauncher(Launcher):
             where = self._located(ray, list(range(self.spec.np)))
             # Ranks are numbered host by host (as Horovod and torchrun do), whatever bundle
             # order the placement group chose.
-            order = environment.host_order([w["host"] for w in where])
+            order = placement.host_order([w["host"] for w in where])
             ranks = [where[slot] for slot in order]
             plan = Plan(ranks, self._master, self.use_gpu, dict(self.spec.env), os.getcwd())
             with self._lock:
@@ -215,7 +215,7 @@ class RayLauncher(Launcher):
         """New ranks in the slots of ranks that ended (a lost actor's bundle gets a new actor,
         once Ray has it reserved; a live actor whose worker died runs the new rank itself); any
         more in a placement group of their own. Their hosts are known once their actors say
-        where they are: then they are paired with the joiners (`environment.joining_order`)."""
+        where they are: then they are paired with the joiners (`placement.joining_order`)."""
         with self._lock:
             if self._ctx is None or self._stopping.is_set():
                 raise RuntimeError("the Ray launcher adds ranks only to a running attempt")
@@ -254,9 +254,7 @@ class RayLauncher(Launcher):
                         self._actors.append(actor)
             where = self._located(ray, slots)
             before = [self._where[ident] for ident in running]
-            order = environment.joining_order(
-                [w["host"] for w in before], [w["host"] for w in where]
-            )
+            order = placement.joining_order([w["host"] for w in before], [w["host"] for w in where])
             ranks = before + [where[i] for i in order]
             plan = Plan(ranks, self._master, self.use_gpu, {**self.spec.env, **env}, os.getcwd())
             with self._lock:

@@ -59,6 +59,7 @@ from hora.engines.spark.session import active_session
 from hora.engines.spark.task import TaskSpec
 from hora.engines.spark.world import World
 from hora.engines.supervisor import STOP_GRACE_SECONDS
+from hora.environment.build import driver_sys_path
 from hora.wire import channel
 from hora.wire.protocol import (
     ALLOWED,
@@ -163,7 +164,7 @@ class SparkLauncher(Launcher):
             address=self._server.address,
             worker_address=ctx.address,
             secret=ctx.secret,
-            sys_path=tuple(environment.driver_sys_path()),
+            sys_path=tuple(driver_sys_path()),
             gpu_resource=self.gpu_resource,
             rank_setup=ctx.rank_setup,
         )

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from hora import environment
 from hora.engines.spark.task_context import TaskContextServer
 from hora.engines.supervisor import supervised_worker
+from hora.environment.gpus import cuda_devices
 from hora.wire import channel
 from hora.wire.protocol import ALLOWED, Boot, Go, Stop, TaskReady
 
@@ -47,7 +47,7 @@ def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, 
     resources = ctx.resources()
     gpus: list[str] = []
     if spec.gpu_resource in resources:  # as CUDA numbers them in this executor
-        gpus = environment.cuda_devices(list(resources[spec.gpu_resource].addresses))
+        gpus = cuda_devices(list(resources[spec.gpu_resource].addresses))
     conn = channel.connect(spec.address, spec.secret, ALLOWED)
     try:
         if spec.slot is None:
