@@ -39,14 +39,8 @@ from hora.timeline import DriverTimeline
 
 class StartableGroup(Group, Protocol):
     """A group the driver can start and stop: a `WorkerGroup` (one attempt's launcher and its
-    channel), or a test's fake. What it says of its engine is its launcher's
+    channel), or a test's fake. What it says of its engine (`capabilities`) is its launcher's
     (`hora.engines.Launcher`, where each is declared with its default)."""
-
-    @property
-    def reforms_in_place(self) -> bool: ...
-
-    @property
-    def exact_count(self) -> bool: ...
 
     def spare(self) -> int: ...
 
@@ -253,15 +247,16 @@ class Job:
         if attempt.index:
             _say(f"hora: {attempt} starting" + (f" ({attempt.np} ranks)" if config.elastic else ""))
         group, self._first = self._first or self.new_group(self._spec(attempt, deadline)), None
-        self._settles = settle_given() or not group.exact_count
-        in_place = (config.min_np or 1) if config.elastic and group.reforms_in_place else None
+        can = group.capabilities
+        self._settles = settle_given() or not can.exact_count
+        in_place = (config.min_np or 1) if config.elastic and can.reforms_in_place else None
         watchers = callbacks.for_attempt(
             attempt.index,
             timeline,
             self.metrics,
             self.output_files,
             self._growth(
-                attempt, in_place is not None and group.grows_in_place, group, in_place is not None
+                attempt, in_place is not None and can.grows_in_place, group, in_place is not None
             ),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
@@ -282,7 +277,7 @@ class Job:
             monitor.stopping = True
             group.stop()
             monitor.drain()
-            self._hosts = dict(monitor.started) if group.multi_host else {}
+            self._hosts = dict(monitor.started) if can.names_hosts else {}
             self._np_now = monitor.np  # fewer after a shrink in place
 
     def _spec(self, attempt: Attempt, deadline: float | None) -> AttemptSpec:

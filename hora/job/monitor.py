@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hora.engines import Capabilities
 from hora.errors import RunTimeoutError, WorkerFailedError
 from hora.job import in_place
 from hora.job.callbacks import AttemptState, MonitorCallback
@@ -58,10 +59,7 @@ class Group(Protocol):
     def events(self) -> queue.SimpleQueue | queue.Queue: ...
 
     @property
-    def multi_host(self) -> bool: ...
-
-    @property
-    def grows_in_place(self) -> bool: ...
+    def capabilities(self) -> Capabilities: ...
 
 
 @dataclass(frozen=True)
@@ -248,7 +246,7 @@ class Monitor:
         next commit; False when they cannot (the run may grow by a restart instead)."""
         if self.failures:
             return False
-        can_add = self.group.grows_in_place
+        can_add = self.group.capabilities.grows_in_place
         start = self.world.grow(size, can_add, time.monotonic(), self.start_timeout, time.time())
         self._decided(start)
         return start is not None
@@ -396,7 +394,8 @@ class Monitor:
 
     def _stack_report(self, request: StackRequest) -> str:
         ended = {*self.exits, *self.failures, *self.results}
-        return request.report(self.stuck, self.started if self.group.multi_host else None, ended)
+        hosts = self.started if self.group.capabilities.names_hosts else None
+        return request.report(self.stuck, hosts, ended)
 
     def _serve_user_dump(self) -> None:
         """The user asked (SIGUSR1 to `hora run`): ask the ranks, print their answers, go on."""
@@ -415,7 +414,7 @@ class Monitor:
     def _output(self, rank: int, stream: str, text: str) -> None:
         self.tails[rank].append(text.rstrip("\r"))
         host = self.started.get(rank)
-        where = f"{rank}@{host}" if host and self.group.multi_host else f"{rank}"
+        where = f"{rank}@{host}" if host and self.group.capabilities.names_hosts else f"{rank}"
         for callback in self.callbacks:
             callback.on_output(rank, where, stream, text)
 
