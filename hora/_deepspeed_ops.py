@@ -1,4 +1,5 @@
-"""DeepSpeed's C++ ops, built once per host: never by every rank at once, never silently.
+"""DeepSpeed's C++ ops, built once per host: never by every rank at once, never silently; and
+the shared memory its ranks leave on a host, removed once they are gone.
 
 DeepSpeed compiles an op it was not installed with (its Adam on CPU: `fused_adam`, or `cpu_adam`
 under ZeRO-Offload) the first time a process needs it, into torch's extension cache. Under a
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import importlib.abc
 import importlib.machinery
 import os
@@ -263,3 +265,15 @@ def build(names: tuple[str, ...] = DEFAULT_BUILDS) -> None:
 
 if __name__ == "__main__":
     build(tuple(sys.argv[1:]) or DEFAULT_BUILDS)
+
+
+def remove_segments_left(master: tuple[str, int | str], folder: str = "/dev/shm") -> None:
+    """Unlink the shared memory DeepSpeed's CPU collectives leave behind (69 MB per rank, named
+    after the run's MASTER_ADDR and MASTER_PORT): its ranks end without running C++ destructors
+    (hora's workers skip the interpreter's teardown), and a notebook's hundredth job must not
+    find /dev/shm full. Called by `hora.engines.stop_all` once a host's workers are gone."""
+    addr, port = master
+    pattern = os.path.join(folder, f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_*")
+    for path in glob.glob(pattern):
+        with contextlib.suppress(OSError):
+            os.unlink(path)

@@ -38,7 +38,9 @@ _TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 def _no_hosts(option: str) -> str:
     """Why horovodrun's host options are refused, and which engines reach other machines."""
-    clusters = " or ".join(f"--backend {e.name}" for e in engines.engines() if not e.on_this_host)
+    clusters = " or ".join(
+        f"--backend {e.name}" for e in engines.engines() if e.ranks_run is not engines.RanksRun.HERE
+    )
     return (
         f"{option} is not supported: hora does not log into other hosts. It runs the ranks on "
         f"this machine (--backend {engines.DEFAULT}) or on a cluster, through its engine "
@@ -222,7 +224,7 @@ def _run(ns: argparse.Namespace) -> None:
         words,
         module=ns.module,
         no_python=ns.no_python,
-        on_this_host=engines.get(ns.backend).on_this_host,
+        on_this_host=engines.get(ns.backend).ranks_run is engines.RanksRun.HERE,
     )
     options: dict[str, Any] = {
         "np": ns.np,

@@ -16,7 +16,11 @@ After Ray Train's `tests/test_circular_imports.py`, and more. Two readings of ho
   inner modules (only its face, its `__init__`, and only from the doors `ENGINE_DOORS` lists),
   and no code spells an engine's name ("spark"): the registry and the faces say it.
 - **The launcher's contract, declared**: outside `hora/engines/`, no `getattr`/`hasattr` reads a
-  name that `hora.engines.base.Launcher` declares (every launcher has it, with its default).
+  name that `hora.engines.base.Launcher` or its `Capabilities` declare (every launcher has it,
+  with its default).
+- **hora's engines on the public face**: every module of an engine package imports of hora only
+  the face, `hora.engines`, and its own package (as the tests' toy engine does): an engine
+  author's one import is enough for hora's own.
 - **Small modules**: none of hora/ over `MOST_LINES` (450) lines.
 
 `python tests/test_layout.py` prints every finding without pytest.
@@ -579,23 +583,30 @@ def engine_names_spelled_outside() -> list[str]:
 
 
 LAUNCHER = ("hora.engines.base", "Launcher")  # the engine author's contract: (module, class)
+#: what a launcher says of its attempt, one record (`Launcher.capabilities`): (module, class)
+CAPABILITIES = ("hora.engines.capabilities", "Capabilities")
 
 
-@cache
-def launcher_contract() -> frozenset[str]:
-    """Every attribute and method `hora.engines.base.Launcher` declares, with its default."""
-    module, name = LAUNCHER
+def _declared_members(module: str, name: str) -> set[str]:
+    """Every attribute and public method class `name` of `module` declares."""
     tree = ast.parse(modules()[module].read_text())
-    launcher = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    found = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
     declared: set[str] = set()
-    for node in launcher.body:
+    for node in found.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             declared.add(node.target.id)
         elif isinstance(node, ast.Assign):
             declared.update(t.id for t in node.targets if isinstance(t, ast.Name))
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and not is_private(node.name):
             declared.add(node.name)
-    return frozenset(declared)
+    return declared
+
+
+@cache
+def launcher_contract() -> frozenset[str]:
+    """Every attribute and method `hora.engines.base.Launcher` declares, with its default, and
+    every field of its `capabilities` record."""
+    return frozenset(_declared_members(*LAUNCHER) | _declared_members(*CAPABILITIES))
 
 
 def launcher_attributes_read_by_getattr() -> list[str]:
@@ -625,9 +636,56 @@ def launcher_attributes_read_by_getattr() -> list[str]:
 
 def test_the_launcher_contract_is_read_from_its_class() -> None:
     """The rule above is only as good as the list it reads: the contract's known members."""
-    assert {"start", "stop", "add", "spare", "grows_in_place", "ranks_elsewhere"} <= (
-        launcher_contract()
-    )
+    known = {"start", "stop", "add", "spare", "capabilities", "grows_in_place", "ranks_run"}
+    assert known <= launcher_contract()
+
+
+#: Engines outside hora/ that are written against `hora.engines` alone, as hora's own are
+#: (files of the repository, relative to it)
+FACE_ONLY_ENGINES_ELSEWHERE = ("tests/engines/_toy.py",)
+
+
+def _hora_imports(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import of a hora module in the file at `path`, by its text: a
+    `from hora import x` counts as `hora.x` where that is a module."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            inside = [f"{node.module}.{alias.name}" for alias in node.names]
+            targets = [t for t in inside if t in modules()] or [node.module]
+        else:
+            continue
+        for target in targets:
+            if target == "hora" or target.startswith("hora."):
+                yield node.lineno, target
+
+
+def engines_beside_the_face() -> list[str]:
+    """hora's own engines (every module of `hora/engines/<engine>/`) import of hora only the
+    engine author's face, `hora.engines`, and their own package's modules, as a third party's
+    engine must (docs/engines.md); so does the toy engine of the tests. What an engine needs
+    and the face lacks is added to the face (its `__all__`, docs/engines.md), not imported
+    from beside it."""
+    packages = engine_packages()
+    files = {
+        path: next(p for p in packages if name == p or name.startswith(p + "."))
+        for name, path in modules().items()
+        if any(name == p or name.startswith(p + ".") for p in packages)
+    }
+    files.update({REPO / path: "" for path in FACE_ONLY_ENGINES_ELSEWHERE})
+    found = []
+    for path, own in files.items():
+        for line, target in _hora_imports(path):
+            if target == ENGINES or (own and (target == own or target.startswith(own + "."))):
+                continue
+            found.append(
+                f"{path.relative_to(REPO)}:{line}: an engine imports {target}, beside the "
+                f"engine author's face. Import it from {ENGINES} (add it to its __all__ and to "
+                "docs/engines.md if an engine honestly needs it), or keep it in the engine's "
+                "own package."
+            )
+    return found
 
 
 #: the most lines a module of hora/ may have: past it, a module does more than one job
@@ -657,6 +715,7 @@ RULES = {
     "function-level imports": unlisted_function_imports,
     "stale allow-list entries": stale_allowances,
     "engines named outside hora/engines": engines_named_outside,
+    "engines beside the face": engines_beside_the_face,
     "launcher attributes read by getattr": launcher_attributes_read_by_getattr,
 }
 

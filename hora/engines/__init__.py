@@ -14,12 +14,15 @@ doors and the CLI ask this registry.
 Words: the public keyword is `backend=` (Horovod's and pyspark's); inside hora, an `Engine` is
 what runs ranks, and `backend` is only ever its name.
 
-This module is also the engine author's one import (docs/engines.md): the contract (`Launcher`,
-`AttemptSpec`, `LaunchContext`), the messages a launcher reports (`Output`, `Exited`,
-`EngineFailed`) and the `Boot` a worker reads, a rank's environment (`placements`,
-`worker_env`), its process (`WorkerProcess`, `stop_all`), the torch store a launcher hosts
-(`host_store`), a cluster rank's supervisor (`supervised_worker`), and what of the driver's code
-goes to ranks elsewhere (`hora_zip`, `rank_pythonpath`, `ships`).
+This module is also the engine author's one import (docs/engines.md), and hora's own engines
+import nothing else of hora (tests/test_layout.py): the contract (`Launcher`, `AttemptSpec`,
+`LaunchContext`, `Capabilities`, `RanksRun`), the messages a launcher reports (`Output`,
+`Exited`, `EngineFailed`) and the `Boot` a worker reads, a rank's place and environment
+(`placements`, `host_order`, `joining_order`, `worker_env`, `cuda_devices`), its process
+(`WorkerProcess`, `stop_all`), the torch store a launcher hosts (`host_store`), a cluster rank's
+supervisor (`supervised_worker`) and the channel it talks on (`Server`, `connect`, `ALLOWED`,
+the messages `TaskReady`, `Plan`, `Go`, `Refuse`, `Stop`), and what of the driver's code goes to
+ranks elsewhere (`hora_zip`, `rank_pythonpath`, `ships`).
 """
 
 from __future__ import annotations
@@ -31,41 +34,70 @@ from typing import Any
 
 from hora._shipping import hora_package_dir, hora_zip, is_users_module, rank_pythonpath, ships
 from hora.engines.base import AttemptSpec, LaunchContext, Launcher, most_ranks
+from hora.engines.capabilities import Capabilities, RanksRun
 from hora.engines.declaration import Engine
 from hora.engines.entry_points import GROUP, BrokenEntryPoint, discover
-from hora.engines.process import WorkerProcess, describe_exit, stop_all
+from hora.engines.process import STOP_GRACE_SECONDS, WorkerProcess, describe_exit, stop_all
 from hora.engines.rendezvous import host_store
 from hora.engines.supervisor import SupervisedWorker, supervised_worker
 from hora.environment.build import worker_env
-from hora.placement import RankPlacement, joining_order, placements
-from hora.wire.protocol import Boot, EngineFailed, Exited, Output, Plan
+from hora.environment.gpus import cuda_devices
+from hora.placement import RankPlacement, host_order, joining_order, placements
+from hora.wire.channel import Connection, Server, allowed_classes, connect, derived_key
+from hora.wire.protocol import (
+    ALLOWED,
+    Boot,
+    EngineFailed,
+    Exited,
+    Go,
+    Output,
+    Plan,
+    Refuse,
+    Stop,
+    TaskReady,
+)
 
 __all__ = [
+    "ALLOWED",
     "DEFAULT",
     "ENGINE_PACKAGES",
     "GROUP",
+    "STOP_GRACE_SECONDS",
     "AttemptSpec",
     "Boot",
     "BrokenEntryPoint",
+    "Capabilities",
+    "Connection",
     "Engine",
     "EngineFailed",
     "Exited",
+    "Go",
     "LaunchContext",
     "Launcher",
     "Output",
     "Plan",
     "RankPlacement",
+    "RanksRun",
+    "Refuse",
+    "Server",
+    "Stop",
     "SupervisedWorker",
+    "TaskReady",
     "WorkerProcess",
     "active",
+    "allowed_classes",
     "broken",
     "check_options",
+    "connect",
+    "cuda_devices",
+    "derived_key",
     "describe_exit",
     "engines",
     "for_cluster",
     "get",
     "hora_package_dir",
     "hora_zip",
+    "host_order",
     "host_store",
     "is_users_module",
     "joining_order",
@@ -119,7 +151,7 @@ def _engines() -> dict[str, Engine]:
 def _insert(table: dict[str, Engine], engine: Engine) -> None:
     """Add `engine` before this machine's engine in `auto`'s order."""
     ordered = list(table.values())
-    at = next((i for i, e in enumerate(ordered) if e.on_this_host), len(ordered))
+    at = next((i for i, e in enumerate(ordered) if e.ranks_run is RanksRun.HERE), len(ordered))
     ordered.insert(at, engine)
     table.clear()
     table.update((e.name, e) for e in ordered)
@@ -184,7 +216,7 @@ def get(name: str) -> Engine:
 def active(*, cluster_only: bool = False) -> Engine | None:
     """The first engine whose cluster is at hand; with `cluster_only`, never this machine's."""
     for engine in engines():
-        if cluster_only and engine.on_this_host:
+        if cluster_only and engine.ranks_run is RanksRun.HERE:
             continue
         if engine.is_active():
             return engine
@@ -196,7 +228,7 @@ def for_cluster() -> str:
     engine, whose launcher then says what it needs (a SparkSession)."""
     found = active(cluster_only=True)
     if found is None:
-        found = next(e for e in engines() if not e.on_this_host)
+        found = next(e for e in engines() if e.ranks_run is not RanksRun.HERE)
     return found.name
 
 

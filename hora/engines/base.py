@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hora import environment
+from hora.engines.capabilities import Capabilities
 from hora.environment.build import driver_sys_path
 from hora.wire.protocol import Boot, DriverMessage
 
@@ -52,6 +54,13 @@ class AttemptSpec:
         """The most ranks any attempt of the run may have (`most_ranks`)."""
         return most_ranks(self.np, self.max_np)
 
+    @property
+    def may_reform_in_place(self) -> bool:
+        """Whether this attempt's ranks may re-form their world in place: an elastic run's,
+        unless HORA_ELASTIC_IN_PLACE=0 (an engine that must run its ranks differently for it,
+        Spark's, asks)."""
+        return environment.may_reform_in_place(self.env)
+
 
 def most_ranks(np: int, max_np: int | None) -> int:
     """The most ranks any attempt of a run may have: `max_np` where the run is elastic, else
@@ -74,8 +83,13 @@ class LaunchContext:
         """What a worker reads on stdin to find and authenticate to the driver; the driver's
         import path goes with it (modules it can import unpickle in the worker), and the setup
         the worker runs before the job."""
-        sys_path = tuple(driver_sys_path())
-        return Boot(self.address, self.secret, rank, sys_path, self.rank_setup)
+        return Boot(self.address, self.secret, rank, self.driver_sys_path, self.rank_setup)
+
+    @property
+    def driver_sys_path(self) -> tuple[str, ...]:
+        """The driver's import path, as every `Boot` carries it (for a launcher that hands its
+        supervisors what a Boot holds)."""
+        return tuple(driver_sys_path())
 
     def report(self, message: DriverMessage) -> None:
         self.events.put((None, message))
@@ -86,7 +100,8 @@ class Launcher(ABC):
     built with `(spec)`, which checks the engine (cluster, slots, Python) before anything starts.
 
     Everything hora reads of a launcher is declared here, with the default an engine that
-    says nothing gets; `hora.job` reads these as plain attributes, through its `WorkerGroup`.
+    says nothing gets (its `capabilities` one record); `hora.job` reads these as plain
+    attributes, through its `WorkerGroup`.
     Only `start` and `stop` must be written; the rest is for engines that run elastic jobs
     in place, or ranks on other machines.
     """
@@ -94,26 +109,10 @@ class Launcher(ABC):
     #: the interface the driver's channel listens on; workers must be able to reach it (read by
     #: `hora.job.group.WorkerGroup.start`, which opens the channel there)
     channel_host: str = "127.0.0.1"
-    #: whether log lines should name the host as well as the rank, and a failure story the lost
-    #: host (read by `hora.job.monitor` and `hora.job.driver`)
-    multi_host: bool = False
-    #: whether a lost rank may leave the others running, to re-form in place (an elastic run's
-    #: `hvd.elastic.run`): the launcher then keeps the survivors' processes and rendezvous store
-    #: (read by `hora.job.driver`, which then lets the monitor re-form the world)
-    reforms_in_place: bool = False
-    #: whether `add` can start ranks into the running attempt, to grow it in place (read by
-    #: `hora.job.driver` and `hora.job.monitor`)
-    grows_in_place: bool = False
-    #: whether the engine's count of free slots is true at once (no lost host's executors still
-    #: counted, no replacement yet to register): an elastic run then waits no settle time
-    #: before it grows back or sizes its next attempt, unless HORA_ELASTIC_SETTLE_SECONDS says
-    #: (read by `hora.job.driver`)
-    exact_count: bool = False
-    #: whether the ranks run where the driver's own modules cannot be imported (other machines,
-    #: a Connect server): the user's modules then travel by value with the job, as `ship_code`
-    #: allows (read by `hora.job.launch`, before the job is pickled); hora itself is the
-    #: engine's to ship (`hora.engines.hora_zip`, `rank_pythonpath`)
-    ranks_elsewhere: bool = False
+    #: what this launcher's attempt can do and where its ranks run (`Capabilities`: every field
+    #: with its default); a launcher whose answers depend on its cluster sets its own in
+    #: `__init__`. hora reads it as `WorkerGroup.capabilities`.
+    capabilities: Capabilities = Capabilities()
 
     @abstractmethod
     def start(self, ctx: LaunchContext) -> None:
@@ -131,7 +130,7 @@ class Launcher(ABC):
         world from every rank's host as the engine names it (`placement.joining_order` pairs
         the new slots with the joiners); `env` is added to the attempt's. Returns at once: a
         worker that cannot start is reported (`EngineFailed`) under its id. Called by
-        `hora.job.in_place` only where `grows_in_place`."""
+        `hora.job.in_place` only where `capabilities.grows_in_place`."""
         raise NotImplementedError(f"{type(self).__name__} cannot grow an attempt in place")
 
     def spare(self) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hora.engines.base import AttemptSpec, Launcher
+from hora.engines.capabilities import RanksRun
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,11 @@ class Engine:
     #: turns the user's `engine_options` into the engine's own (defaults filled in), or raises
     #: ValueError saying what to change
     check_options: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
-    #: whether every rank runs on this machine (a script then need not exist elsewhere)
-    on_this_host: bool = False
+    #: where its ranks run, as far as the declaration can tell before any launcher is built:
+    #: `RanksRun.HERE` (this machine's processes: `auto` tries it last, a script need exist only
+    #: here, the hosts' commits are this machine's) or elsewhere; its launcher's `capabilities`
+    #: say it for each attempt
+    ranks_run: RanksRun = RanksRun.ON_CLUSTER
     #: for `hora run --backend NAME`: "module:function" of a context manager that starts and
     #: stops the engine's cluster connection (a SparkSession, `ray.init()`), raising ValueError
     #: when it cannot; None when the engine needs none

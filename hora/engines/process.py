@@ -7,7 +7,6 @@ each barrier task, so a fresh interpreter (with CUDA_VISIBLE_DEVICES already set
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import re
 import select
@@ -19,12 +18,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import IO
 
+from hora._deepspeed_ops import remove_segments_left
 from hora.wire.protocol import Boot
 
 OnLine = Callable[[str, str], None]  # (stream name, line without its newline)
 OnExit = Callable[[int], None]  # the return code: negative for a signal
 
 _PUMP_GRACE_SECONDS = 1.0
+#: how long a worker gets between SIGTERM and SIGKILL when its attempt stops (`stop_all`); a
+#: launcher that tells supervisors to stop waits that long, and a little more, for them
+STOP_GRACE_SECONDS = 3.0
 
 
 class WorkerProcess:
@@ -51,6 +54,8 @@ class WorkerProcess:
             start_new_session=True,  # its own process group: one signal reaches all it started
         )
         self.pid = self._proc.pid
+        #: the rendezvous its frameworks name their shared memory after (`stop_all` removes it)
+        self.master = (env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", ""))
         assert self._proc.stdin is not None
         self._proc.stdin.write(boot.to_line().encode())
         self._proc.stdin.close()
@@ -132,8 +137,10 @@ def split_lines(data: bytes) -> tuple[list[str], bytes]:
     return lines, data[start:]
 
 
-def stop_all(workers: list[WorkerProcess], grace: float) -> None:
-    """SIGTERM every worker's group, SIGKILL what is left after `grace` seconds, and reap them."""
+def stop_all(workers: list[WorkerProcess], grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM every worker's group, SIGKILL what is left after `grace` seconds, and reap them;
+    then remove what their frameworks leave on this host after a kill (DeepSpeed's shared
+    memory, named after the rendezvous: `hora._deepspeed_ops.remove_segments_left`)."""
     alive = [w for w in workers if w.poll() is None]
     for worker in alive:
         worker.signal_group(signal.SIGTERM)
@@ -146,18 +153,9 @@ def stop_all(workers: list[WorkerProcess], grace: float) -> None:
         worker.signal_group(signal.SIGKILL)
     for worker in workers:
         worker.join(timeout=5)
-
-
-def remove_segments_left(master: tuple[str, int], folder: str = "/dev/shm") -> None:
-    """Unlink the shared memory DeepSpeed's CPU collectives leave behind (69 MB per rank, named
-    after the run's MASTER_ADDR and MASTER_PORT): its ranks end without running C++ destructors
-    (hora's workers skip the interpreter's teardown), and a notebook's hundredth job must not
-    find /dev/shm full."""
-    addr, port = master
-    pattern = os.path.join(folder, f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_*")
-    for path in glob.glob(pattern):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    for addr, port in {worker.master for worker in workers}:
+        if addr and port:
+            remove_segments_left((addr, port))
 
 
 def describe_exit(code: int) -> str:

@@ -16,12 +16,10 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from hora import _shipping
-from hora.engines.process import WorkerProcess, remove_segments_left, stop_all
+from hora.engines.process import WorkerProcess, stop_all
 from hora.environment.build import supervised_rank_env
 from hora.wire.channel import Connection
 from hora.wire.protocol import Boot, Exited, Output, Plan
-
-STOP_GRACE_SECONDS = 3.0
 
 
 class SupervisedWorker:
@@ -75,6 +73,5 @@ def supervised_worker(
     try:
         yield SupervisedWorker(worker, exited)
     finally:
-        stop_all([worker], STOP_GRACE_SECONDS)
+        stop_all([worker])
         exited.wait(timeout=2)
-        remove_segments_left(plan.master)

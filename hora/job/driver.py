@@ -51,15 +51,9 @@ from hora.timeline import DriverTimeline
 
 
 class StartableGroup(Group, Protocol):
-    """A group the driver can start and stop: a `WorkerGroup` (one attempt's launcher and its
-    channel), or a test's fake. What it says of its engine is its launcher's
+    """What the driver builds for each attempt: a `WorkerGroup` (one attempt's launcher and its
+    channel), or a test's fake. What it says of its engine (`capabilities`) is its launcher's
     (`hora.engines.Launcher`, where each is declared with its default)."""
-
-    @property
-    def reforms_in_place(self) -> bool: ...
-
-    @property
-    def exact_count(self) -> bool: ...
 
     def spare(self) -> int: ...
 
@@ -188,14 +182,15 @@ class Job:
             ranks = f" ({attempt.np} ranks)" if config.elastic else ""
             _carry_out(Mark(f"hora: {attempt} starting{ranks}"), None)
         group, self._first = self._first or self.new_group(self._spec(attempt, deadline)), None
-        self._settles = settle_given() or not group.exact_count
-        in_place = config.elastic and group.reforms_in_place
+        can = group.capabilities
+        self._settles = settle_given() or not can.exact_count
+        in_place = config.elastic and can.reforms_in_place
         watchers = callbacks.for_attempt(
             attempt.index,
             timeline,
             self.metrics,
             self.output_files,
-            self._growth(attempt, in_place and group.grows_in_place, group, in_place),
+            self._growth(attempt, in_place and can.grows_in_place, group, in_place),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()

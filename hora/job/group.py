@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 from collections.abc import Mapping
 
-from hora.engines import LaunchContext, Launcher
+from hora.engines import Capabilities, LaunchContext, Launcher
 from hora.wire import channel
 from hora.wire.protocol import ALLOWED, Heartbeat
 
@@ -19,8 +19,9 @@ class WorkerGroup:
     """The workers `launcher` starts (its `AttemptSpec` says how many); everything they and the
     launcher report arrives on `events` as `(connection or None, message)` pairs. `rank_setup`:
     the engine's, which every worker runs before the job. What the group says of its engine
-    (`multi_host`, `reforms_in_place`, ...) is its launcher's, as `hora.engines.Launcher`
-    declares it: the driver and the monitor read it here."""
+    (`capabilities`: where its ranks run, whether they re-form or grow in place, ...) is its
+    launcher's, as `hora.engines.Launcher` declares it: the driver and the monitor read it
+    here."""
 
     def __init__(self, launcher: Launcher, rank_setup: str | None = None):
         self.launcher = launcher
@@ -29,24 +30,9 @@ class WorkerGroup:
         self._server: channel.Server | None = None
 
     @property
-    def multi_host(self) -> bool:
-        """Whether log lines should name the host as well as the rank."""
-        return self.launcher.multi_host
-
-    @property
-    def reforms_in_place(self) -> bool:
-        """Whether the survivors of a lost rank may re-form in place (the launcher's say)."""
-        return self.launcher.reforms_in_place
-
-    @property
-    def grows_in_place(self) -> bool:
-        """Whether ranks can be added to the running attempt (the launcher's say)."""
-        return self.launcher.grows_in_place
-
-    @property
-    def exact_count(self) -> bool:
-        """Whether the engine's count of free slots needs no settle time (the launcher's say)."""
-        return self.launcher.exact_count
+    def capabilities(self) -> Capabilities:
+        """What the attempt can do and where its ranks run (`Launcher.capabilities`)."""
+        return self.launcher.capabilities
 
     def add(
         self, joiners: list[tuple[int, int]], running: list[int], env: Mapping[str, str]

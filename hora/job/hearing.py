@@ -48,7 +48,7 @@ class Hearing:
         records: Records,
         payload: bytes,
         collect_all: bool,
-        multi_host: bool,
+        names_hosts: bool,
         callbacks: Sequence[MonitorCallback],
         decided: Callable[[Any], None],
         known_commit: int = -1,
@@ -57,7 +57,7 @@ class Hearing:
         self.world: World = records.world
         self.payload = payload
         self.collect_all = collect_all
-        self.multi_host = multi_host
+        self.names_hosts = names_hosts
         self.callbacks = tuple(callbacks)
         self.decided = decided  # carries out what the world decided on a rank's word
         self.known_commit = known_commit  # the newest commit of the run the driver knows of
@@ -72,7 +72,7 @@ class Hearing:
 
     def stack_report(self, request: StackRequest) -> str:
         ended = self.records.ranks_where("ended")
-        hosts = self.records.hosts() if self.multi_host else None
+        hosts = self.records.hosts() if self.names_hosts else None
         return request.report(self.stuck, hosts, ended)
 
     def serve_user_dump(self) -> None:
@@ -186,7 +186,7 @@ class Hearing:
         record = self.records.of(pid)
         record.tail.append(text.rstrip("\r"))
         rank = self._rank(pid)
-        where = f"{rank}@{record.host}" if record.host and self.multi_host else f"{rank}"
+        where = f"{rank}@{record.host}" if record.host and self.names_hosts else f"{rank}"
         for callback in self.callbacks:
             callback.on_output(rank, where, stream, text)
 

@@ -3,7 +3,7 @@ the engine, and the monitor's records of each process.
 
 Horovod's elastic mode resets its survivors in place; hora does the same for jobs in
 `hvd.elastic.run` (torch, TensorFlow) on engines that keep a lost rank's survivors running
-(`Launcher.reforms_in_place`). A world re-formed (`ReformWorld`) sends each rank its place
+(`Capabilities.reforms_in_place`). A world re-formed (`ReformWorld`) sends each rank its place
 (`Reform`): after a loss the survivors, renumbered in rank order, re-form at once from the last
 in-memory commit; to grow, the running ranks re-form at their next commit (`HostsUpdated`)
 with new ranks that the engine started beforehand (`StartJoiners`, `Launcher.add`) and that

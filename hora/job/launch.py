@@ -48,13 +48,13 @@ def launch_with_metrics(
         if not payload:
             # The user's own modules go by value where the ranks cannot import them (other
             # machines); the engine's checks ran first, and still nothing has started.
-            ships = _shipping.ships(spec.ship_code, launcher.ranks_elsewhere)
+            elsewhere = launcher.capabilities.ranks_run is engines.RanksRun.ELSEWHERE
+            ships = _shipping.ships(spec.ship_code, elsewhere)
             by_value = _shipping.is_users_module if ships else None
             payload.append(dumps_job(fn, tuple(args), dict(kwargs), by_value))
         return WorkerGroup(launcher, engine.rank_setup)
 
-    job = Job(
-        config, pickled, new_group, capacity=engine.free_ranks, commits_here=engine.on_this_host
-    )
+    here = engine.ranks_run is engines.RanksRun.HERE
+    job = Job(config, pickled, new_group, capacity=engine.free_ranks, commits_here=here)
     results = job.run()
     return results, job.metrics.history()

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from hora.engines import Capabilities
 from hora.job import in_place
 from hora.job.callbacks import AttemptState, MonitorCallback
 from hora.job.failures import Failure, not_started, past_timeout, story
@@ -52,10 +53,7 @@ class Group(Protocol):
     def events(self) -> queue.SimpleQueue | queue.Queue: ...
 
     @property
-    def multi_host(self) -> bool: ...
-
-    @property
-    def grows_in_place(self) -> bool: ...
+    def capabilities(self) -> Capabilities: ...
 
     def start(self) -> None: ...
 
@@ -83,9 +81,9 @@ class Monitor:
         #: its ranks by process: re-formed in place (`in_place`) down to `min_np`, else restarted
         self.world = World(np, min_np, in_place)
         self.records = Records(self.world)
-        multi_host = group.multi_host
+        names_hosts = group.capabilities.names_hosts
         self.hearing = Hearing(
-            self.records, payload, collect_all, multi_host, callbacks, self._decided, known_commit
+            self.records, payload, collect_all, names_hosts, callbacks, self._decided, known_commit
         )
         self.questions = self.hearing.questions
         self.silence_s = silence_seconds()
@@ -200,7 +198,7 @@ class Monitor:
         return outcome(np=self.np, hosts=self._hosts(), **what)
 
     def _hosts(self) -> dict[int, str]:
-        return self.records.hosts() if self.group.multi_host else {}
+        return self.records.hosts() if self.group.capabilities.names_hosts else {}
 
     def _past_limits(self, limits: Limits, start_deadline: float, now: float) -> Outcome | None:
         """Ranks that did not all start in time, or the run's timeout passed (once the ranks
@@ -250,7 +248,7 @@ class Monitor:
         next commit; False when they cannot (the run may grow by a restart instead)."""
         if self.records.count("failed"):
             return False
-        can_add = self.group.grows_in_place
+        can_add = self.group.capabilities.grows_in_place
         start = self.world.grow(size, can_add, time.monotonic(), self.start_timeout, time.time())
         self._decided(start)
         return start is not None

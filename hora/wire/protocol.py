@@ -16,8 +16,9 @@ Who sends what:
 - launcher -> driver (the job's event queue): Output, Exited, EngineFailed
 - rank supervisor (a Spark task, a Ray actor) <-> its launcher: TaskReady, Output, Exited /
   Go, Refuse, Stop
-- a rank on Spark -> its task's supervisor (pyspark's TaskContext in the rank): TaskCall /
-  TaskReply
+
+A rank on Spark and its task's supervisor (pyspark's TaskContext in the rank) exchange the Spark
+engine's own messages, over a channel of their own (`hora.engines.spark.task_context`).
 """
 
 from __future__ import annotations
@@ -252,12 +253,12 @@ class EngineFailed(NamedTuple):
     subject: str = ""
 
 
-# -- Spark task supervisor <-> Spark launcher --------------------------------------------------
+# -- a cluster engine's rank supervisor <-> its launcher (Spark's tasks) ----------------------
 
 
 class TaskReady(NamedTuple):
-    """A barrier task is up: which task it is (its partition), and its host, GPUs, cores and
-    Spark attempt numbers."""
+    """A supervisor is up: which task it is (Spark's: its partition, or slot), and its host,
+    GPUs, cores and (Spark's) attempt numbers."""
 
     task: int
     info: dict[str, Any]
@@ -295,24 +296,6 @@ class Stop(NamedTuple):
     """Stop the worker and end the task."""
 
 
-# -- a rank <-> its Spark task's supervisor (pyspark's TaskContext inside the rank) ------------
-
-
-class TaskCall(NamedTuple):
-    """A rank asks its Spark task: "snapshot" (the task's fixed values), "allGather",
-    "barrier" or "getLocalProperty", with its one argument."""
-
-    method: str
-    argument: str | None = None
-
-
-class TaskReply(NamedTuple):
-    """The task's answer (plain data), or why the call failed there."""
-
-    value: Any
-    error: str | None = None
-
-
 #: what the job's event queue carries from the launchers and the workers
 DriverMessage = (
     Hello
@@ -341,6 +324,3 @@ ALLOWED = allowed_classes(
     *(Payload, DumpStacks, HostsUpdated, Reform, RankPlacement),  # driver -> worker
     *(TaskReady, Output, Exited, Plan, Go, Refuse, Stop),  # supervisor <-> launcher
 )
-
-#: the only classes a rank and its Spark task's context server exchange
-TASK_CONTEXT_ALLOWED = allowed_classes(TaskCall, TaskReply)

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 import hora
+from hora.engines import STOP_GRACE_SECONDS
 from hora.engines.spark.launcher import CANCEL_WAIT_SECONDS
-from hora.engines.supervisor import STOP_GRACE_SECONDS
 from hora.job.silence import SILENCE_VAR
 from tests.cluster import _jobs
 from tests.cluster._checks import (

@@ -13,7 +13,7 @@ import pytest
 
 from hora import engines
 from hora.config import ELASTIC_MAX_RESTARTS, RunConfig
-from hora.engines.base import AttemptSpec
+from hora.engines import AttemptSpec, Capabilities
 from hora.errors import WorkerFailedError
 from hora.job.driver import Attempt, Job
 from hora.job.elastic import FreeSlots, Sizer
@@ -216,7 +216,7 @@ class GrowsInPlace(FakeGroup):
     Added ranks say at once that they wait; once told (HostsUpdated naming world 1), rank 0
     says training went on at 3 ranks from commit 4, and all three return."""
 
-    reforms_in_place = grows_in_place = True
+    capabilities = Capabilities(reforms_in_place=True, grows_in_place=True)
 
     def __init__(self, able: bool) -> None:
         super().__init__([], {})

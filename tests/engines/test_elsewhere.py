@@ -2,8 +2,8 @@
 driver's modules (tests/_nohora.py), as a cluster's node where nothing but torch was installed.
 
 The toy launcher, written against `hora.engines` alone, ships hora to its ranks (`hora_zip` on
-their PYTHONPATH) and says `ranks_elsewhere`, so the job's own module (this one) goes by value;
-the ranks then run a real two-rank allreduce through hora.torch, imported from the zip.
+their PYTHONPATH) and says its ranks run `ELSEWHERE`, so the job's own module (this one) goes by
+value; the ranks then run a real two-rank allreduce through hora.torch, imported from the zip.
 """
 
 from __future__ import annotations
@@ -16,7 +16,15 @@ import pytest
 
 import hora
 from hora import engines
-from hora.engines import AttemptSpec, Engine, LaunchContext, Launcher, WorkerProcess
+from hora.engines import (
+    AttemptSpec,
+    Capabilities,
+    Engine,
+    LaunchContext,
+    Launcher,
+    RanksRun,
+    WorkerProcess,
+)
 from tests._nohora import make_python_without_hora
 
 LOOPBACK = "127.0.0.1"
@@ -26,7 +34,8 @@ class ElsewhereLauncher(Launcher):
     """Each rank a process of `python`, an interpreter that finds neither hora nor the driver's
     folders: hora goes as a zip on the ranks' PYTHONPATH."""
 
-    ranks_elsewhere = True  # the driver's modules cannot be imported there: they go by value
+    # the driver's modules cannot be imported there: they go by value
+    capabilities = Capabilities(ranks_run=RanksRun.ELSEWHERE)
     python = ""  # set by the test: the interpreter of the "other machine"
 
     def __init__(self, spec: AttemptSpec) -> None:

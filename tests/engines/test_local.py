@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import socket
 import threading
+from pathlib import Path
 
 import pytest
 
 import hora
+from hora import engines
 from hora.engines import process
 from tests import _workers
 from tests.conftest import tagged_processes
@@ -224,7 +227,7 @@ def test_workers_import_what_the_driver_put_on_sys_path(tmp_path, monkeypatch):
 
 
 def test_deepspeeds_shared_memory_of_a_run_is_removed_and_no_other(tmp_path):
-    from hora.engines.process import remove_segments_left
+    from hora._deepspeed_ops import remove_segments_left
 
     uid = os.getuid()
     ours = [tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_4242_{r}" for r in (0, 1)]
@@ -233,3 +236,23 @@ def test_deepspeeds_shared_memory_of_a_run_is_removed_and_no_other(tmp_path):
         path.write_bytes(b"x")
     remove_segments_left(("127.0.0.1", 4242), folder=str(tmp_path))
     assert [p.exists() for p in ours] == [False, False] and theirs.exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_stopping_workers_removes_deepspeeds_shared_memory_of_their_rendezvous():
+    """`engines.stop_all` removes what DeepSpeed's CPU collectives leave in /dev/shm, named after
+    the workers' MASTER_ADDR and MASTER_PORT: every engine that runs a `WorkerProcess` gets it."""
+    listener = socket.create_server(("127.0.0.1", 0))  # a driver that never answers
+    port = listener.getsockname()[1]
+    left = Path("/dev/shm") / f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_{port}_0"
+    left.write_bytes(b"x")
+    boot = engines.Boot(("127.0.0.1", port), os.urandom(32), 0, (), "")
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    try:
+        worker = engines.WorkerProcess(boot, env, lambda *_: None, lambda _: None)
+        assert left.exists() and worker.poll() is None
+        engines.stop_all([worker], 1.0)
+        assert not left.exists()
+    finally:
+        listener.close()
+        left.unlink(missing_ok=True)

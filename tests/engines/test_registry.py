@@ -15,7 +15,8 @@ from tests import _workers
 
 def test_every_engine_declares_itself_and_auto_falls_back_to_this_machine():
     assert set(engines.names()) == {"local", "spark", "ray"}
-    assert engines.get("local").on_this_host and not engines.get("ray").on_this_host
+    assert engines.get("local").ranks_run is engines.RanksRun.HERE
+    assert engines.get("ray").ranks_run is engines.RanksRun.ON_CLUSTER
     assert set(engines.get("ray").options) == {
         "placement_strategy",
         "num_cpus_per_rank",

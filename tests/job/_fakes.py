@@ -9,7 +9,7 @@ import queue
 import cloudpickle
 
 from hora.config import RunConfig
-from hora.engines.base import AttemptSpec
+from hora.engines import AttemptSpec, Capabilities
 from hora.job.driver import Job
 from hora.wire.protocol import Error, Exited, Hello, Result
 
@@ -31,7 +31,7 @@ class FakeGroup:
     """Replays `script` (messages without a connection are the launcher's) when started. What
     it says of its engine is `hora.engines.Launcher`'s defaults."""
 
-    multi_host = reforms_in_place = grows_in_place = exact_count = False
+    capabilities = Capabilities()
 
     def spare(self) -> int:
         return 0

@@ -41,7 +41,7 @@ from typing import Any
 
 import hora
 from hora import engines
-from hora.engines import AttemptSpec, Engine, LaunchContext, Launcher
+from hora.engines import AttemptSpec, Capabilities, Engine, LaunchContext, Launcher, RanksRun
 from hora.errors import WorkerFailedError
 from hora.job.silence import SILENCE_VAR
 
@@ -67,9 +67,9 @@ def _no_job() -> None:
 class SimLauncher(Launcher):
     """`np` simulated ranks in a few processes of this machine; their store is hosted here."""
 
-    multi_host = True
-    reforms_in_place = True
-    exact_count = True
+    capabilities = Capabilities(
+        ranks_run=RanksRun.ON_CLUSTER, reforms_in_place=True, exact_count=True
+    )
 
     def __init__(self, spec: AttemptSpec) -> None:
         self.spec = spec

@@ -6,15 +6,19 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from hora import placement
-from hora.engines.base import AttemptSpec, LaunchContext, Launcher
-from hora.engines.process import WorkerProcess, remove_segments_left, stop_all
-from hora.engines.rendezvous import host_store
-from hora.environment.build import worker_env
-from hora.wire.protocol import Exited, Output
+from hora import engines
+from hora.engines import (
+    AttemptSpec,
+    Capabilities,
+    Exited,
+    LaunchContext,
+    Launcher,
+    Output,
+    RankPlacement,
+    WorkerProcess,
+)
 
 LOOPBACK = "127.0.0.1"
-STOP_GRACE_SECONDS = 3.0
 
 
 def capacity(spec: AttemptSpec, held: int) -> int:
@@ -24,9 +28,11 @@ def capacity(spec: AttemptSpec, held: int) -> int:
 
 class LocalLauncher(Launcher):
     channel_host = LOOPBACK
-    reforms_in_place = True  # a dead process takes nothing of the others with it
-    grows_in_place = True  # a new process joins the running ones through the same store
-    exact_count = True  # this machine's processes: a slot freed is free at once
+    capabilities = Capabilities(  # its ranks run HERE, the default
+        reforms_in_place=True,  # a dead process takes nothing of the others with it
+        grows_in_place=True,  # a new process joins the running ones through the same store
+        exact_count=True,  # this machine's processes: a slot freed is free at once
+    )
 
     def __init__(self, spec: AttemptSpec) -> None:
         self.spec = spec
@@ -36,9 +42,9 @@ class LocalLauncher(Launcher):
         self._ctx: LaunchContext | None = None
 
     def start(self, ctx: LaunchContext) -> None:
-        self._store, port = host_store(LOOPBACK)
+        self._store, port = engines.host_store(LOOPBACK)
         self._port, self._ctx = port, ctx
-        for place in placement.placements([LOOPBACK] * self.spec.np):
+        for place in engines.placements([LOOPBACK] * self.spec.np):
             self._workers.append(_start_worker(ctx, place, port, self.spec.env))
 
     def add(
@@ -46,7 +52,7 @@ class LocalLauncher(Launcher):
     ) -> None:
         if self._ctx is None:
             raise RuntimeError("the local launcher adds ranks only to a started attempt")
-        places = placement.placements([LOOPBACK] * (len(running) + len(joiners)))
+        places = engines.placements([LOOPBACK] * (len(running) + len(joiners)))
         for ident, rank in joiners:  # every host is this one: new ranks follow the running
             worker_env = {**self.spec.env, **env}
             self._workers.append(
@@ -54,16 +60,14 @@ class LocalLauncher(Launcher):
             )
 
     def stop(self) -> None:
-        stop_all(self._workers, STOP_GRACE_SECONDS)
-        if self._workers:
-            remove_segments_left((LOOPBACK, self._port))
+        engines.stop_all(self._workers)
         self._workers = []
         self._store = self._ctx = None
 
 
 def _start_worker(
     ctx: LaunchContext,
-    place: placement.RankPlacement,
+    place: RankPlacement,
     port: int,
     env: Mapping[str, str],
     ident: int | None = None,
@@ -73,7 +77,7 @@ def _start_worker(
     rank = place.rank if ident is None else ident
     return WorkerProcess(
         ctx.boot(rank),
-        worker_env(place, LOOPBACK, port, user_env=env),
+        engines.worker_env(place, LOOPBACK, port, user_env=env),
         on_line=lambda stream, line: ctx.report(Output(rank, stream, line)),
         on_exit=lambda code: ctx.report(Exited(rank, code)),
         cwd=os.getcwd(),

@@ -1,7 +1,7 @@
 """The code of one Ray actor: a supervisor for one rank's worker process, as a Spark task is.
 
 It runs inside a Ray worker process: it reports where it is (host, Ray's GPUs, its CPUs), then
-supervises the rank's worker (`hora.engines.supervisor`) until the worker exits or the driver
+supervises the rank's worker (`hora.engines.supervised_worker`) until the worker exits or the driver
 asks it to stop. Nothing here imports ray at import time: the engine wraps this class with
 `ray.remote`.
 """
@@ -12,9 +12,8 @@ import os
 import threading
 from typing import Any
 
-from hora.engines.supervisor import supervised_worker
-from hora.wire import channel
-from hora.wire.protocol import ALLOWED, Boot, Plan
+from hora import engines
+from hora.engines import ALLOWED, Boot, Plan
 
 
 class RankSupervisor:
@@ -42,9 +41,9 @@ class RankSupervisor:
         """Start the rank's worker and relay it to the driver; returns its exit code. `place`:
         the rank's index in `plan` where it is not `boot.rank` (a rank joining a world grown in
         place). Called again when the last worker died under a live actor."""
-        conn = channel.connect(boot.address, boot.secret, ALLOWED)
+        conn = engines.connect(boot.address, boot.secret, ALLOWED)
         try:
-            with supervised_worker(conn, boot, plan, place=place) as worker:
+            with engines.supervised_worker(conn, boot, plan, place=place) as worker:
                 while not (worker.exited.is_set() or self._stop.wait(0.05)):
                     pass
         finally:

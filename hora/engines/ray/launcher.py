@@ -29,14 +29,20 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from hora import _shipping, placement
-from hora.engines.base import AttemptSpec, LaunchContext, Launcher
+from hora import engines
+from hora.engines import (
+    STOP_GRACE_SECONDS,
+    AttemptSpec,
+    Capabilities,
+    EngineFailed,
+    LaunchContext,
+    Launcher,
+    Plan,
+    RanksRun,
+)
 from hora.engines.ray.actor import RankSupervisor
 from hora.engines.ray.shipping import hora_runtime_env
 from hora.engines.ray.slots import Slots
-from hora.engines.rendezvous import host_store
-from hora.engines.supervisor import STOP_GRACE_SECONDS
-from hora.wire.protocol import EngineFailed, Plan
 
 LOOPBACK = "127.0.0.1"
 KILL_WAIT_SECONDS = 10.0
@@ -59,10 +65,6 @@ def _ray() -> Any:
 class RayLauncher(Launcher):
     """Starts `spec.np` ranks as actors in one placement group; checks the cluster first."""
 
-    multi_host = True
-    reforms_in_place = True  # a lost actor takes only its own rank's worker with it
-    grows_in_place = True  # new actors go in the lost ones' bundles (`hora.engines.ray.slots`)
-
     def __init__(self, spec: AttemptSpec):
         ray = _ray()
         self.spec = spec
@@ -78,9 +80,13 @@ class RayLauncher(Launcher):
         self.one_machine = _one_machine(ray, self.node_address)
         self.channel_host = LOOPBACK if self.one_machine else self.node_address
         # Other nodes cannot import the driver's own modules, and may lack hora: hora ships
-        # itself as a runtime_env py_module (hora._shipping).
-        self.ranks_elsewhere = not self.one_machine
-        ship = _shipping.ships(spec.ship_code, self.ranks_elsewhere)
+        # itself as a runtime_env py_module (`engines.ships`).
+        self.capabilities = Capabilities(
+            ranks_run=RanksRun.ON_CLUSTER if self.one_machine else RanksRun.ELSEWHERE,
+            reforms_in_place=True,  # a lost actor takes only its own rank's worker with it
+            grows_in_place=True,  # new actors go in the lost ones' bundles (`slots`)
+        )
+        ship = engines.ships(spec.ship_code, not self.one_machine)
         self.runtime_env = hora_runtime_env() if ship else None
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
         self._stopping = threading.Event()
@@ -98,7 +104,7 @@ class RayLauncher(Launcher):
 
     def start(self, ctx: LaunchContext) -> None:
         self._ctx = ctx
-        self._store, port = host_store(self.channel_host)
+        self._store, port = engines.host_store(self.channel_host)
         self._master = (self.channel_host, port)
         slots = self._new_group(self.spec.np, self.tag)
         for slot in slots:
@@ -148,7 +154,7 @@ class RayLauncher(Launcher):
             where = self._located(ray, list(range(self.spec.np)))
             # Ranks are numbered host by host (as Horovod and torchrun do), whatever bundle
             # order the placement group chose.
-            order = placement.host_order([w["host"] for w in where])
+            order = engines.host_order([w["host"] for w in where])
             ranks = [where[slot] for slot in order]
             plan = Plan(ranks, self._master, self.use_gpu, dict(self.spec.env), os.getcwd())
             with self._lock:
@@ -215,7 +221,7 @@ class RayLauncher(Launcher):
         """New ranks in the slots of ranks that ended (a lost actor's bundle gets a new actor,
         once Ray has it reserved; a live actor whose worker died runs the new rank itself); any
         more in a placement group of their own. Their hosts are known once their actors say
-        where they are: then they are paired with the joiners (`placement.joining_order`)."""
+        where they are: then they are paired with the joiners (`engines.joining_order`)."""
         with self._lock:
             if self._ctx is None or self._stopping.is_set():
                 raise RuntimeError("the Ray launcher adds ranks only to a running attempt")
@@ -254,7 +260,7 @@ class RayLauncher(Launcher):
                         self._actors.append(actor)
             where = self._located(ray, slots)
             before = [self._where[ident] for ident in running]
-            order = placement.joining_order([w["host"] for w in before], [w["host"] for w in where])
+            order = engines.joining_order([w["host"] for w in before], [w["host"] for w in where])
             ranks = before + [where[i] for i in order]
             plan = Plan(ranks, self._master, self.use_gpu, {**self.spec.env, **env}, os.getcwd())
             with self._lock:

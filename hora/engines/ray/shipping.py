@@ -4,7 +4,7 @@ Ray takes a local folder as `py_modules` only in `ray.init`'s job-wide runtime_e
 own needs a URI. So the folder is uploaded to the cluster's store as `ray.init` would (once per
 content: Ray names the package by its hash) and the actors name that URI. Each Ray worker then
 has it first on its path, and the rank's supervisor hands it on to the rank's interpreter
-(`hora._shipping.rank_pythonpath`).
+(`hora.engines.rank_pythonpath`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
-from hora import _shipping
+from hora import engines
 
 
 def hora_runtime_env() -> dict[str, Any]:
@@ -20,7 +20,7 @@ def hora_runtime_env() -> dict[str, Any]:
     from ray._private.runtime_env import py_modules
 
     upload: Any = py_modules.upload_py_modules_if_needed  # Ray's own, as ray.init calls it
-    env = {"py_modules": [_shipping.hora_package_dir()]}
+    env = {"py_modules": [engines.hora_package_dir()]}
     scratch = tempfile.gettempdir()
     try:
         return dict(upload(env, include_gitignore=True, scratch_dir=scratch))

@@ -48,9 +48,26 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
-from hora import _shipping, environment
-from hora.engines.base import AttemptSpec, LaunchContext, Launcher
-from hora.engines.rendezvous import host_store
+from hora import engines
+from hora.engines import (
+    ALLOWED,
+    STOP_GRACE_SECONDS,
+    AttemptSpec,
+    Capabilities,
+    Connection,
+    EngineFailed,
+    Exited,
+    Go,
+    LaunchContext,
+    Launcher,
+    Output,
+    Plan,
+    RanksRun,
+    Refuse,
+    Server,
+    Stop,
+    TaskReady,
+)
 from hora.engines.spark import checks as _spark_checks
 from hora.engines.spark import entry as _spark_entry
 from hora.engines.spark import failures as _spark_failures
@@ -58,20 +75,6 @@ from hora.engines.spark import shipping as _spark_shipping
 from hora.engines.spark.session import active_session
 from hora.engines.spark.task import TaskSpec
 from hora.engines.spark.world import World
-from hora.engines.supervisor import STOP_GRACE_SECONDS
-from hora.environment.build import driver_sys_path
-from hora.wire import channel
-from hora.wire.protocol import (
-    ALLOWED,
-    EngineFailed,
-    Exited,
-    Go,
-    Output,
-    Plan,
-    Refuse,
-    Stop,
-    TaskReady,
-)
 
 CANCEL_WAIT_SECONDS = 5.0
 
@@ -94,8 +97,6 @@ def capacity(spec: AttemptSpec, held: int) -> int:
 class SparkLauncher(Launcher):
     """Starts `spec.np` ranks as one barrier stage; checks the cluster first."""
 
-    multi_host = True
-
     def __init__(self, spec: AttemptSpec):
         session = active_session()
         if session is None:
@@ -114,11 +115,11 @@ class SparkLauncher(Launcher):
         self.gpu_counts = _gpu_counts(options["task_gpu_counts"], spec.np)
         self.python = _spark_checks.python_for_tasks(session)
         # On other machines the ranks cannot import the driver's own modules; a Python that
-        # Spark chooses may lack hora: hora ships itself then (hora._shipping).
-        self.ranks_elsewhere = session.kind == "connect" or not (
+        # Spark chooses may lack hora: hora ships itself then (`engines.ships`).
+        elsewhere = session.kind == "connect" or not (
             _spark_checks.runs_on_this_machine(session.master)
         )
-        if _shipping.ships(spec.ship_code, self.python is None):
+        if engines.ships(spec.ship_code, self.python is None):
             _spark_shipping.ship_hora(session)
         # executors still registering, or a lost one being replaced: waited for, saying so
         slots = _spark_checks.check_slots(session, spec.np, spec.start_timeout, resource)
@@ -128,10 +129,12 @@ class SparkLauncher(Launcher):
         # A lost task of a barrier stage takes every other task down: an elastic run's ranks
         # are jobs of their own, so the survivors can re-form in place (a Connect client has
         # no elastic runs: it cannot count slots).
-        self.reforms_in_place = session.kind == "classic" and environment.may_reform_in_place(
-            spec.env
+        in_place = session.kind == "classic" and spec.may_reform_in_place
+        self.capabilities = Capabilities(
+            ranks_run=RanksRun.ELSEWHERE if elsewhere else RanksRun.ON_CLUSTER,
+            reforms_in_place=in_place,
+            grows_in_place=in_place,  # a task more is a job more
         )
-        self.grows_in_place = self.reforms_in_place  # a task more is a job more
         self.channel_host = session.channel_host()
         self.tag = f"hora-{uuid.uuid4().hex[:12]}"
         self._np = spec.np
@@ -143,12 +146,12 @@ class SparkLauncher(Launcher):
         self._slots = spec.np  # tasks started so far, ranks added to grow in place included
         self._joining: tuple[list[tuple[int, int]], list[int], dict[str, str]] | None = None
         self._joining_slots: list[int] = []
-        self._supervisors: dict[int, channel.Connection] = {}
+        self._supervisors: dict[int, Connection] = {}
         self._exited: set[int] = set()
         self._planned = False  # every task has registered and been told to start its rank
         self._stopping = threading.Event()
         self._inbox: queue.Queue = queue.Queue()
-        self._server: channel.Server | None = None
+        self._server: Server | None = None
         self._store: Any = None
         self._threads: list[threading.Thread] = []
         self._ctx: LaunchContext | None = None
@@ -157,14 +160,14 @@ class SparkLauncher(Launcher):
     # -- start ------------------------------------------------------------------------------
     def start(self, ctx: LaunchContext) -> None:
         self._ctx = ctx
-        self._store, port = host_store(self.channel_host)
+        self._store, port = engines.host_store(self.channel_host)
         self._master = (self.channel_host, port)
-        self._server = channel.Server(ctx.secret, self._inbox, ALLOWED, host=self.channel_host)
+        self._server = Server(ctx.secret, self._inbox, ALLOWED, host=self.channel_host)
         spec = TaskSpec(
             address=self._server.address,
             worker_address=ctx.address,
             secret=ctx.secret,
-            sys_path=tuple(driver_sys_path()),
+            sys_path=ctx.driver_sys_path,
             gpu_resource=self.gpu_resource,
             rank_setup=ctx.rank_setup,
         )
@@ -172,7 +175,7 @@ class SparkLauncher(Launcher):
         relay.start()
         self._threads = [relay]
         self._task_spec = spec  # what a rank added to grow the attempt gets too
-        if not self.reforms_in_place:
+        if not self.capabilities.reforms_in_place:
             self._start_thread(partial(self._run_stage, spec), "hora-spark-stage")
             return
         for slot in range(self._np):
@@ -243,21 +246,23 @@ class SparkLauncher(Launcher):
                     self._release(conn, message.code)
                 self._report(message)
 
-    def _release(self, conn: channel.Connection, code: int) -> None:
+    def _release(self, conn: Connection, code: int) -> None:
         """A rank of an elastic run failed under its live task (its worker killed, crashed):
         the task ends now, not with the attempt, so that its slot is free for a rank started
         to grow the world back (Spark would queue that task behind it)."""
-        if self.reforms_in_place and code != 0 and not self._stopping.is_set():
+        if self.capabilities.reforms_in_place and code != 0 and not self._stopping.is_set():
             with contextlib.suppress(OSError):
                 conn.send(Stop())
 
-    def _register(self, conn: channel.Connection, task: int, info: dict[str, Any]) -> None:
+    def _register(self, conn: Connection, task: int, info: dict[str, Any]) -> None:
         if not (isinstance(task, int) and 0 <= task < self._slots):
             conn.close()
             return
         if task in self._tasks or self._stopping.is_set():
             # Spark re-attempted a task or the whole stage: never train the same rank twice.
-            if self.reforms_in_place:  # a lost rank's task: its loss is reported already
+            if (
+                self.capabilities.reforms_in_place
+            ):  # a lost rank's task: its loss is reported already
                 with contextlib.suppress(OSError):
                     conn.send(Refuse("its rank was lost; the others went on without it"))
                 return
@@ -316,7 +321,7 @@ class SparkLauncher(Launcher):
     ) -> None:
         """Start one task per `(id, rank)` as a job of its own; once all are up, each gets its
         place in the larger world (its host is Spark's choice, known only then)."""
-        if self._task_spec is None or not self.reforms_in_place:
+        if self._task_spec is None or not self.capabilities.reforms_in_place:
             raise RuntimeError("the Spark launcher adds ranks only to a started elastic attempt")
         with self._lock:
             first = self._slots
@@ -350,7 +355,7 @@ class SparkLauncher(Launcher):
             with contextlib.suppress(OSError):
                 conn.send(Go(plan, rank, ident))
 
-    def _closed(self, conn: channel.Connection) -> None:
+    def _closed(self, conn: Connection) -> None:
         rank = conn.peer
         if rank is None or rank in self._exited or self._stopping.is_set():
             return

@@ -2,7 +2,7 @@
 
 It runs inside Spark's (reused) Python worker: it registers with the driver's launcher over the
 authenticated channel, waits for the plan (every task's host and GPUs, the store's address),
-then supervises the rank's worker (`hora.engines.supervisor`), serving it this task's
+then supervises the rank's worker (`hora.engines.supervised_worker`), serving it this task's
 BarrierTaskContext (`task_context`), and stays until the driver says stop, so a half-finished
 job is never left running under a task that Spark thinks has ended.
 """
@@ -15,11 +15,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hora import engines
+from hora.engines import ALLOWED, Boot, Connection, Go, Stop, TaskReady
 from hora.engines.spark.task_context import TaskContextServer
-from hora.engines.supervisor import supervised_worker
-from hora.environment.gpus import cuda_devices
-from hora.wire import channel
-from hora.wire.protocol import ALLOWED, Boot, Go, Stop, TaskReady
 
 
 @dataclass(frozen=True)
@@ -47,8 +45,8 @@ def supervise(spec: TaskSpec, _partition: Iterable[Any]) -> Iterator[tuple[int, 
     resources = ctx.resources()
     gpus: list[str] = []
     if spec.gpu_resource in resources:  # as CUDA numbers them in this executor
-        gpus = cuda_devices(list(resources[spec.gpu_resource].addresses))
-    conn = channel.connect(spec.address, spec.secret, ALLOWED)
+        gpus = engines.cuda_devices(list(resources[spec.gpu_resource].addresses))
+    conn = engines.connect(spec.address, spec.secret, ALLOWED)
     try:
         if spec.slot is None:
             host = ctx.getTaskInfos()[task].address.rsplit(":", 1)[0]
@@ -88,7 +86,7 @@ def _task_context(spec: TaskSpec) -> Any:
     return BarrierTaskContext.get() if spec.slot is None else TaskContext.get()
 
 
-def _supervise_worker(spec: TaskSpec, conn: channel.Connection, go: Go, ctx: Any) -> str:
+def _supervise_worker(spec: TaskSpec, conn: Connection, go: Go, ctx: Any) -> str:
     """Run the worker of `go.rank` (known to the driver as `go.ident`, where it joins a world
     grown in place) until the driver says stop."""
     ident = go.rank if go.ident is None else go.ident
@@ -96,7 +94,7 @@ def _supervise_worker(spec: TaskSpec, conn: channel.Connection, go: Go, ctx: Any
     context = TaskContextServer(ctx, spec.secret)  # the rank's BarrierTaskContext.get()
     try:
         with (
-            supervised_worker(conn, boot, go.plan, context.env, go.rank) as worker,
+            engines.supervised_worker(conn, boot, go.plan, context.env, go.rank) as worker,
             contextlib.suppress(OSError, EOFError),
         ):
             while not isinstance(conn.recv(), Stop):  # until the driver says stop or goes away

@@ -26,10 +26,10 @@ import threading
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
-from hora.wire import channel
-from hora.wire.protocol import TASK_CONTEXT_ALLOWED, Boot, TaskCall, TaskReply
+from hora import engines
+from hora.engines import Boot, Connection
 
 #: the rank's environment variable that holds its task's context server, "host:port"
 ADDRESS_ENV = "HORA_SPARK_TASK_CONTEXT"
@@ -43,8 +43,27 @@ NOT_A_BARRIER_STAGE = (
 )
 
 
+class TaskCall(NamedTuple):
+    """A rank asks its Spark task: "snapshot" (the task's fixed values), "allGather",
+    "barrier" or "getLocalProperty", with its one argument."""
+
+    method: str
+    argument: str | None = None
+
+
+class TaskReply(NamedTuple):
+    """The task's answer (plain data), or why the call failed there."""
+
+    value: Any
+    error: str | None = None
+
+
+#: the only classes a rank and its Spark task's context server exchange
+TASK_CONTEXT_ALLOWED = engines.allowed_classes(TaskCall, TaskReply)
+
+
 def _key(secret: bytes) -> bytes:
-    return channel.derived_key(secret, _KEY_PURPOSE)
+    return engines.derived_key(secret, _KEY_PURPOSE)
 
 
 # ----- in the Spark task (the supervisor) -------------------------------------------------------
@@ -55,7 +74,7 @@ class TaskContextServer:
     def __init__(self, context: Any, secret: bytes):
         self._context = context
         self._inbox: queue.Queue = queue.Queue()
-        self._server = channel.Server(_key(secret), self._inbox, TASK_CONTEXT_ALLOWED)
+        self._server = engines.Server(_key(secret), self._inbox, TASK_CONTEXT_ALLOWED)
         host, port = self._server.address
         #: what the rank's environment gets
         self.env = {ADDRESS_ENV: f"{host}:{port}"}
@@ -72,7 +91,7 @@ class TaskContextServer:
             if isinstance(call, TaskCall):
                 threading.Thread(target=self._answer, args=(conn, call), daemon=True).start()
 
-    def _answer(self, conn: channel.Connection, call: TaskCall) -> None:
+    def _answer(self, conn: Connection, call: TaskCall) -> None:
         try:
             reply = TaskReply(self._call(call.method, call.argument))
         except Exception as exc:
@@ -126,7 +145,7 @@ class TaskLink:
         self._address = address
         self._key = key
         self._lock = threading.Lock()
-        self._conn: channel.Connection | None = None
+        self._conn: Connection | None = None
         self._pid = 0
         self._snapshot: dict[str, Any] | None = None
 
@@ -134,7 +153,7 @@ class TaskLink:
         with self._lock:
             try:
                 if self._conn is None or self._pid != os.getpid():
-                    self._conn = channel.connect(
+                    self._conn = engines.connect(
                         self._address, self._key, TASK_CONTEXT_ALLOWED, timeout=_CONNECT_TIMEOUT
                     )
                     self._pid = os.getpid()

@@ -2,7 +2,7 @@
 
 The launcher numbers the first tasks host by host (`start`). Ranks added to grow the world in
 place come after the running ones (`grow`: those on a running host first, then new hosts,
-`placement.joining_order`). The plan a new task gets lists every rank of the larger world, so
+`engines.joining_order`). The plan a new task gets lists every rank of the larger world, so
 that its coordinates and its GPUs (those of its host's ranks, in local-rank order) are computed
 as for the first ones. Hosts are named here as Spark names its executors (the driver knows them
 by their host names): the same machines, so the same grouping.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hora import placement
+from hora import engines
 
 
 @dataclass
@@ -24,12 +24,12 @@ class World:
 
     def start(self, slots: list[int]) -> list[int]:
         """The first world: `slots` in rank order, numbered host by host."""
-        return [slots[i] for i in placement.host_order(self._hosts(slots))]
+        return [slots[i] for i in engines.host_order(self._hosts(slots))]
 
     def grow(self, running: list[int], new: list[int]) -> tuple[list[dict[str, Any]], list[int]]:
         """The larger world of the `running` slots' ranks (in rank order) and `new` ones: every
         rank's report in rank order, and the new slots in the order of their ranks."""
-        new = [new[i] for i in placement.joining_order(self._hosts(running), self._hosts(new))]
+        new = [new[i] for i in engines.joining_order(self._hosts(running), self._hosts(new))]
         return [self.tasks[slot] for slot in running + new], new
 
     def _hosts(self, slots: list[int]) -> list[str]:
