@@ -74,7 +74,7 @@ from hora.engines.spark import failures as _spark_failures
 from hora.engines.spark import shipping as _spark_shipping
 from hora.engines.spark.session import active_session
 from hora.engines.spark.task import TaskSpec
-from hora.engines.spark.world import World
+from hora.engines.spark.task_ranks import TaskRanks
 
 CANCEL_WAIT_SECONDS = 5.0
 
@@ -140,8 +140,8 @@ class SparkLauncher(Launcher):
         self._np = spec.np
         self._user_env = dict(spec.env)
         self._lock = threading.Lock()
-        self._world = World()  # every task's report, to number the ranks they run
-        self._tasks = self._world.tasks  # by Spark task (partition, or slot)
+        self._ranks_of_tasks = TaskRanks()  # every task's report, to number the ranks they run
+        self._tasks = self._ranks_of_tasks.tasks  # by Spark task (partition, or slot)
         self._rank_of: dict[int, int] = {}  # Spark task -> the rank the driver knows it by
         self._slots = spec.np  # tasks started so far, ranks added to grow in place included
         self._joining: tuple[list[tuple[int, int]], list[int], dict[str, str]] | None = None
@@ -292,7 +292,7 @@ class SparkLauncher(Launcher):
     def _start_ranks(self) -> None:
         """Every task is up: number the ranks host by host (as Horovod and torchrun do) and
         tell each task its rank and the plan."""
-        order = self._world.start(list(range(self._np)))
+        order = self._ranks_of_tasks.start(list(range(self._np)))
         self._rank_of = {task: rank for rank, task in enumerate(order)}
         self._planned = True
         ranks = [self._tasks[task] for task in order]
@@ -340,7 +340,7 @@ class SparkLauncher(Launcher):
             assert self._joining is not None
             joiners, running, env = self._joining
             slots, self._joining = self._joining_slots, None
-            ranks, added = self._world.grow(running, slots)
+            ranks, added = self._ranks_of_tasks.grow(running, slots)
         plan = Plan(
             ranks=ranks,
             master=self._master,

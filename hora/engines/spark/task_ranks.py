@@ -17,7 +17,7 @@ from hora import engines
 
 
 @dataclass
-class World:
+class TaskRanks:
     """Every task's report (by slot), for numbering the ranks they run."""
 
     tasks: dict[int, dict[str, Any]] = field(default_factory=dict)  # slot -> what it reported
