@@ -10,7 +10,8 @@ the bootstrap's channel thread hands to `hear`. What it says: whether it can re-
 
 Outside a hora worker (no `hora.wire.link`) it hears nothing and says nothing, so the same
 training code runs in a plain process. Horovod's elastic API (State, commits, the retry loop) is
-`hora.collectives.elastic`, which the collectives reach this through (`collectives._driver`).
+`hora.collectives.elastic`; the collectives reach this module through their one hook to the
+driver (`collectives._driver`).
 """
 
 from __future__ import annotations
