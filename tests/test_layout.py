@@ -58,7 +58,14 @@ FLOORS: dict[int, tuple[str, ...]] = {
     6: ("hora.config", "hora._script", "hora.keras"),  # the one RunConfig; a script as a job
     5: ("hora.torch", "hora.tensorflow"),  # Horovod's framework APIs
     4: ("hora.collectives", "hora.engines"),  # the collectives; the engines that run ranks
-    3: ("hora.timeline", "hora.checkpoint", "hora.data"),  # the trace; checkpoints; data
+    3: (
+        "hora.timeline",  # the trace
+        "hora.checkpoint",
+        "hora.data",
+        # a rank's half of an elastic run's talk with its driver (hora.job.world's twin), which
+        # the collectives reach through their one hook to the driver (collectives._driver)
+        "hora.elastic",
+    ),
     2: (
         "hora.environment",
         "hora._payload",

@@ -28,7 +28,10 @@ pointing down: front -> control -> data -> the shared words):
   _basics              init/shutdown, ranks and sizes, dynamic process sets
   _start               the loop's start at init (wires the two rooms): its thread, the
                        negotiation tree and its key, the data path beyond gloo
+  _driver              the one hook to a hora run's driver (its link, the rank's half of the
+                       elastic talk: `hora.elastic`); no other module here imports either
   objects, elastic     Python objects across ranks; what every framework's `hvd.elastic` uses
+  _commits             a hvd.elastic state's commits: their count, the host's store, the freshest
 Framework layers (hora.torch, hora.tensorflow) sit on top and add gradients and their tensor types;
 their public face here is this package's `__all__` (Horovod's calls), `ops`, `framework` and
 `objects`.

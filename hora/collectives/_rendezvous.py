@@ -22,7 +22,6 @@ lost in that window re-form without it at once, not after gloo's timeout.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -32,10 +31,10 @@ import torch
 import torch.distributed as dist
 
 from hora import environment
+from hora.collectives import _driver
 from hora.environment import RankEnvironment
 from hora.environment.build import placement_env
-from hora.wire import link
-from hora.wire.protocol import Formed, Joining, Reform
+from hora.wire.protocol import Reform
 
 OPEN_KEY = "open"  # set by the running ranks of a world re-formed in place as they join it
 #: how long a new rank waits for the running ones to reach their commit; the driver stops it
@@ -60,7 +59,7 @@ class Superseded(Exception):
 def raise_if_superseded(generation: int, wait_s: float = 0.0) -> None:
     """Raise `Superseded` where the driver has ordered a world newer than `generation`, waiting
     up to `wait_s` for its word."""
-    newer = link.wait_reform(generation, wait_s)
+    newer = _driver.wait_reform(generation, wait_s)
     if newer is not None:
         raise Superseded(newer)
 
@@ -140,7 +139,7 @@ def _make_default_group(here: RankEnvironment, wait: timedelta, opening: bool) -
     if not here.generation:
         if _first_world_may_re_form(here):  # lost ranks' survivors may still hear of a smaller
             _all_present(_store(here, 0, wait), rank, size, 0, wait, _waker(here, 0))
-        _formed(0)
+        _driver.say_formed(0)
         dist.init_process_group(
             default_transports(), init_method="env://", rank=rank, world_size=size
         )
@@ -149,12 +148,10 @@ def _make_default_group(here: RankEnvironment, wait: timedelta, opening: bool) -
     if opening:
         store.set(OPEN_KEY, "1")
     else:
-        driver = link.current()
-        if driver is not None:
-            driver.send(Joining(driver.rank))
+        _driver.say_joining()
         store.wait([OPEN_KEY], JOIN_WAIT)
     _all_present(store, rank, size, here.generation, wait, _waker(here, here.generation))
-    _formed(here.generation)
+    _driver.say_formed(here.generation)
     global _group_store
     _group_store = _Released(store, here.generation, wait)  # (its Python half must outlive it)
     dist.init_process_group(
@@ -175,15 +172,6 @@ def _store(here: RankEnvironment, generation: int, wait: timedelta) -> dist.Stor
         raise RuntimeError("a world re-formed in place needs the launcher's MASTER_ADDR/PORT")
     client = dist.TCPStore(addr, port, is_master=False, timeout=wait)
     return dist.PrefixStore(f"hora/reform/{generation}/", client)
-
-
-def _formed(generation: int) -> None:
-    """Tell the driver this world gathered: a rank lost from here on fails the others'
-    collectives (or, in the first world, their rendezvous: every rank then restarts)."""
-    driver = link.current()
-    if driver is not None:
-        with contextlib.suppress(OSError):
-            driver.send(Formed(driver.rank, generation))
 
 
 def _waker(here: RankEnvironment, generation: int) -> Callable[[], None]:
@@ -218,7 +206,7 @@ def _all_present(
             wake()
 
     began = time.monotonic()
-    with link.watching_reforms(newer_ordered):
+    with _driver.watching_reforms(newer_ordered):
         raise_if_superseded(generation)
         if store.add(PRESENT_KEY, 1) >= size:  # the last to arrive
             store.compare_set(GATHERED_KEY, "", ALL)
@@ -257,7 +245,7 @@ class _Released(dist.Store):
         limit = (timeout or self._timeout).total_seconds()
         deadline = time.monotonic() + limit
         while not self._store.check(keys):
-            if link.current() is None:  # no driver to hear from (a test's own process)
+            if not _driver.attached():  # no driver to hear from (a test's own process)
                 time.sleep(PRESENT_POLL_SECONDS)
             else:
                 raise_if_superseded(self._generation, PRESENT_POLL_SECONDS)

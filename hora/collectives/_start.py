@@ -14,7 +14,7 @@ from typing import Any
 import torch.distributed as dist
 
 from hora import environment
-from hora.collectives import _rendezvous
+from hora.collectives import _driver, _rendezvous
 from hora.collectives._control import channel
 from hora.collectives._control.loop import CollectiveLoop, LoopConfig, TreeSockets
 from hora.collectives._control.stall import StallSettings
@@ -22,7 +22,6 @@ from hora.collectives._control.tree import NegotiationTree, fanout_from_env
 from hora.collectives._data import hierarchy, shm_setup
 from hora.collectives._data.groups import GroupInfo
 from hora.placement import RankPlacement
-from hora.wire import link
 
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 DEFAULT_CYCLE_TIME_MS = 1.0
@@ -47,6 +46,7 @@ def start_loop(
         fusion_threshold=int(env_float("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)),
         timeout_s=wait.total_seconds(),
         stall=StallSettings.from_env(),
+        report_stall=_driver.report_stall,
     )
     if size == 1:
         return CollectiveLoop(config, groups, TreeSockets(NegotiationTree(1), None, {}))
@@ -58,7 +58,7 @@ def start_loop(
     store = _default_store()
     if rank == 0:
         server, address = channel.listen(channel.local_address(_master_addr(store)))
-        if link.current() is not None:
+        if _driver.attached():
             mode = "launcher"
         elif store is not None:
             mode = "store"
@@ -172,11 +172,11 @@ def _negotiation_key(mode: str, store: Any, store_key: str) -> bytes:
     Rank 0 deletes the key from the store once every rank has read it.
     """
     if mode == "launcher":
-        driver = link.current()
-        if driver is None:
+        key = _driver.negotiation_key()
+        if key is None:
             raise RuntimeError(
                 "hora.torch.init(): rank 0 runs under a hora launcher but this rank does not; "
                 "start every rank the same way"
             )
-        return driver.negotiation_key
+        return key
     return bytes(store.get(store_key))

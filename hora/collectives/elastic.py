@@ -12,7 +12,9 @@ starts the run again at the new size. Where the engine re-forms worlds in place,
 survivors and, to grow, the running ranks with new ones become a new world in their processes.
 
 Framework states (`hora.torch.elastic.TorchState`, `hora.tensorflow.elastic`) say how to save,
-restore and sync their objects; `ObjectState` keeps plain values.
+restore and sync their objects; `ObjectState` keeps plain values. A state's commits are
+`_commits.Commits`'; what the rank tells the driver and hears from it, `hora.elastic`'s (through
+the collectives' one hook, `_driver`).
 """
 
 from __future__ import annotations
@@ -22,21 +24,18 @@ import functools
 import inspect
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, NoReturn, TypeVar
 
 import torch
 
-from hora import environment
-from hora.checkpoint import Commit, CommitStore, remove_stale_commits
-from hora.collectives import _reform, _rendezvous
-from hora.collectives._basics import init, local_rank, owns_default_group, rank, shutdown, size
+from hora.checkpoint import Commit
+from hora.collectives import _driver, _reform, _rendezvous
+from hora.collectives._basics import init, owns_default_group, rank, shutdown, size
+from hora.collectives._commits import Commits
 from hora.collectives._common import HorovodInternalError
-from hora.collectives.objects import allgather_object, broadcast_object
-from hora.collectives.ops import broadcast_
-from hora.wire import link
-from hora.wire.protocol import InPlace, Reform, Reformed, Resumed
+from hora.collectives.objects import broadcast_object
+from hora.wire.protocol import Reform
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "run"]
 
@@ -47,12 +46,6 @@ R = TypeVar("R")
 #: (Horovod's --reset-limit); a world re-formed after a lost rank is not counted
 RESET_LIMIT_ENV = "HORA_ELASTIC_RESET_LIMIT"
 DEFAULT_RESET_LIMIT = 10
-#: how long a rank whose collective failed waits for the driver's word to re-form in place
-#: before it resets in its own world (no rank was lost, or the engine cannot re-form)
-REFORM_WAIT_ENV = "HORA_ELASTIC_REFORM_WAIT_SECONDS"
-DEFAULT_REFORM_WAIT = 10.0
-#: "0": never re-form in place: after a lost rank the driver restarts every rank
-IN_PLACE_ENV = environment.IN_PLACE_VAR
 
 
 class HostsUpdatedInterrupt(RuntimeError):
@@ -67,60 +60,6 @@ class HostsUpdatedInterrupt(RuntimeError):
         super().__init__("the elastic run's hosts changed")
         self.skip_sync = skip_sync
         self.in_place = in_place
-
-
-class Commits:
-    """A state's commits: their index, this host's store, the freshest one anywhere."""
-
-    def __init__(self) -> None:
-        here = environment.current()
-        self.index = 0  # commits made (or restored) so far in this run
-        self.store = CommitStore(here.run_id) if here.run_id else None
-        self.elastic = here.elastic
-        self.resuming = here.attempt > 0  # only a later attempt finds commits of earlier ones
-
-    def write(self, state: Any) -> None:
-        """The next commit: into this host's store, by its local rank 0 (all hold the same)."""
-        self.index += 1
-        if self.store is not None and local_rank() == 0:
-            self.store.write(Commit(self.index, size(), state))
-
-    def freshest(self) -> Commit | None:
-        """The freshest commit on any rank's host, the same on every rank; None when there is
-        none (a first attempt, or a run outside hora)."""
-        if self.store is None or not self.resuming:
-            return None
-        mine = None
-        if local_rank() == 0:
-            remove_stale_commits()
-            mine = self.store.read()
-        indexes = allgather_object(mine.number if mine else -1, name="elastic.freshest")
-        best = max(indexes)
-        if best < 0:
-            return None
-        holder = indexes.index(best)  # the lowest rank holding it
-        commit = broadcast_object(mine if rank() == holder else None, holder, "elastic.restore")
-        self.index = commit.number
-        return commit
-
-    def hosts_updated(self) -> int:
-        """Rank 0's word, on every rank, on whether the driver asked the run to grow: 0 no,
-        `link.GROW_BY_RESTART`, `link.GROW_IN_PLACE` (new ranks wait to join)."""
-        if not self.elastic:
-            return 0
-        flag = torch.tensor([link.growth_word(_generation)], dtype=torch.int32)
-        broadcast_(flag, 0, "elastic.hosts_updated")
-        return int(flag.item())
-
-    def finish(self) -> None:
-        """The run's function returned on every rank: its commits on this host are no longer
-        needed. The ranks first agree that all returned (one small broadcast): a rank lost at
-        the very end fails it on the others, which then re-form and find the last commit (a
-        restart finds it too) instead of training the run again from its start."""
-        if self.elastic and size() > 1:
-            broadcast_(torch.zeros(1, dtype=torch.int32), 0, "elastic.finished")
-        if self.store is not None and local_rank() == 0:
-            self.store.remove()
 
 
 class State:
@@ -155,7 +94,7 @@ class State:
         """Raise HostsUpdatedInterrupt (on every rank alike) when the driver asked to grow."""
         word = self._commits.hosts_updated()
         if word:
-            raise HostsUpdatedInterrupt(skip_sync=False, in_place=word == link.GROW_IN_PLACE)
+            raise HostsUpdatedInterrupt(skip_sync=False, in_place=word == _driver.GROW_IN_PLACE)
 
     @property
     def commit_index(self) -> int:
@@ -277,7 +216,8 @@ def run(
         limit = int(os.environ.get(RESET_LIMIT_ENV, DEFAULT_RESET_LIMIT))
         resets = 0
         _resume(state)
-        reformable = _announce_in_place(in_place and state.reforms_in_place(), grow_in_place)
+        able = in_place and state.reforms_in_place() and owns_default_group()
+        reformable = _driver.announce_in_place(able, grow_in_place)
         while True:
             order: Reform | None = None
             try:
@@ -314,7 +254,7 @@ def _go_on_in(order: Reform, state: State, rolled_back: bool) -> None:
             _in_world(order, state, rolled_back)
             return
         except Exception as error:
-            newer = _await_reform()
+            newer = _driver.await_reform()
             if newer is None:
                 raise
             log.warning("the world re-formed as %d failed (%.120s)", order.generation, error)
@@ -342,7 +282,7 @@ def _after_failure(error: Exception, state: State, reformable: bool) -> Reform |
     """The driver's order to re-form (the state restores in the new world); else the state
     restored here, for a reset in this world (`shutdown()` + `init()`, sync). A
     torch.distributed error that no lost rank explains is the job's own: raised again."""
-    order = _await_reform() if reformable else None
+    order = _driver.await_reform() if reformable else None
     if order is None and not isinstance(error, HorovodInternalError):
         raise error
     log.warning(
@@ -356,46 +296,13 @@ def _after_failure(error: Exception, state: State, reformable: bool) -> Reform |
 
 
 def _in_world(order: Reform, state: State, rolled_back: bool) -> None:
-    global _generation
-    _generation = max(_generation, _reform.reform(order))
+    _driver.reformed(_reform.reform(order))
     state.reformed()
     if rolled_back:
         state.restore()
     _sync_world(state)
     if rank() == 0:
-        link.send_to_driver(Reformed(0, _generation, size(), state.commit_index))
-
-
-_generation = 0  # the last re-formed world this process joined
-
-
-def _announce_in_place(able: bool, grows: bool = False) -> bool:
-    """Tell the driver whether this rank can re-form in place (a hora rank of an elastic run,
-    on a default group hora made, with a state that allows it), so that it grows the run in
-    place or by a restart; False where it cannot."""
-    driver = link.current()
-    if driver is None or not environment.current().elastic:
-        return False
-    able = able and owns_default_group() and os.environ.get(IN_PLACE_ENV, "1") != "0"
-    link.send_to_driver(InPlace(driver.rank, able, able and grows))
-    return able
-
-
-def _await_reform() -> Reform | None:
-    """The driver's order to re-form, if a rank was lost; None after the wait: the rank resets."""
-    global _generation
-    wait = float(os.environ.get(REFORM_WAIT_ENV) or DEFAULT_REFORM_WAIT)
-    began = time.monotonic()
-    order = link.wait_reform(_generation, wait)
-    if order is not None:
-        _generation = order.generation
-        log.warning(
-            "re-forming in place as rank %d of %d (after %.1f s)",
-            order.place.rank,
-            order.place.size,
-            time.monotonic() - began,
-        )
-    return order
+        _driver.say_reformed(size(), state.commit_index)
 
 
 def _reinit() -> None:
@@ -406,8 +313,7 @@ def _reinit() -> None:
 def _resume(state: State) -> None:
     """A rank's start: in a world grown in place, the running ranks' state (rank 0's);
     else the freshest commit anywhere, else rank 0's state."""
-    global _generation
-    _generation = environment.current().generation  # a first world re-formed as it gathered too
+    _driver.begin()  # a first world re-formed as it gathered has a generation too
     if _rendezvous.started_to_grow():
         _sync_world(state)
         return
@@ -416,7 +322,7 @@ def _resume(state: State) -> None:
         state.sync()
         return
     if rank() == 0:
-        link.send_to_driver(Resumed(0, commit.number, commit.size))
+        _driver.say_resumed(commit.number, commit.size)
     if commit.size != size():
         state.on_reset()
 
@@ -424,12 +330,12 @@ def _resume(state: State) -> None:
 def _grown(state: State, interrupt: HostsUpdatedInterrupt, reformable: bool) -> Reform:
     """Where to re-form with the new ranks that wait to join (`interrupt.in_place`); else the
     rank ends at this commit for the driver to start the run at the new size."""
-    if link.current() is None:
+    if not _driver.attached():
         raise interrupt  # not a hora rank: nobody would start the larger run
-    order = _await_reform() if reformable and interrupt.in_place else None
+    order = _driver.await_reform() if reformable and interrupt.in_place else None
     if order is None:
         _end_for_resize(state)
-    link.grown(order.generation)
+    _driver.grown(order.generation)
     return order
 
 
@@ -437,14 +343,12 @@ def _sync_world(state: State) -> None:
     """Every rank of a world re-formed in place, new ones included, takes rank 0's state: its
     commit count and `hora.report`'s step count, then (after the reset callbacks, with the new
     size) what `sync()` sends."""
-    driver = link.current()
-    counts = (state._commits.index, driver.steps_reported if driver is not None else 0)
+    counts = (state._commits.index, _driver.steps_reported())
     state._commits.index, steps = broadcast_object(counts, 0, "elastic.world")
-    if driver is not None:
-        driver.steps_reported = steps
+    _driver.set_steps_reported(steps)
     state.on_reset()
     state.sync()
 
 
 def _end_for_resize(state: State) -> NoReturn:
-    raise link.ResizeExit(state.commit_index)
+    raise _driver.ResizeExit(state.commit_index)

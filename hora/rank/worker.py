@@ -22,7 +22,7 @@ import traceback
 
 import cloudpickle
 
-from hora import _deepspeed_ops, _sources, environment
+from hora import _deepspeed_ops, _sources, elastic, environment
 from hora._payload import dumps_result
 from hora._script import CommandFailed
 from hora.rank import stacks
@@ -72,10 +72,8 @@ def _watch_driver(conn: channel.Connection, rank: int, done: threading.Event) ->
             message = conn.recv()
             if isinstance(message, DumpStacks):
                 conn.send(Stacks(rank, stacks.dump(skip=threading.current_thread())))
-            elif isinstance(message, HostsUpdated):
-                link.note_hosts_updated(message.generation)
-            elif isinstance(message, Reform):
-                link.note_reform(message)
+            elif isinstance(message, HostsUpdated | Reform):
+                elastic.hear(message)
     if not done.is_set():
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
@@ -124,7 +122,7 @@ def _run(boot: Boot, conn: channel.Connection) -> int:
         _set_up(boot)
         fn, args, kwargs = cloudpickle.loads(job.job)
         result = fn(*args, **kwargs)
-    except link.ResizeExit as exc:  # an elastic run stopped at a commit, to resize
+    except elastic.ResizeExit as exc:  # an elastic run stopped at a commit, to resize
         return _report(conn, done, Resized(rank, exc.commit), status=0)
     except SystemExit as exc:
         if exc.code in (0, None):

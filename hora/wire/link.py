@@ -4,6 +4,7 @@ run's secret.
 The worker bootstrap (`hora.rank.worker`) attaches one `DriverLink` while the user's job runs; code
 deeper down (the collectives' stall inspector, the timeline, checkpoints) asks `current()` and
 works as a plain process would when there is none, so the same training code runs anywhere.
+What an elastic run's rank hears of its world and says of it goes through `hora.elastic`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hora.wire.channel import Connection
@@ -23,7 +23,6 @@ from hora.wire.protocol import (
     Joining,
     Metrics,
     Output,
-    Reform,
     Reformed,
     Resumed,
     Stall,
@@ -48,15 +47,6 @@ class DriverLink:
         #: result is sent: the timeline ships its last events here.
         self.before_detach: list[Callable[[], None]] = []
         self.steps_reported = 0  # `report`'s own step count, for calls that give none
-        #: set when the driver says that an elastic run has more slots (HostsUpdated)
-        self.hosts_updated = threading.Event()
-        #: ... and, > 0, the world re-formed in place that new ranks wait in (not a restart)
-        self.grow_into = 0
-        #: the driver's latest word to re-form the world in place (`Reform`), and when it came
-        self._reform: Reform | None = None
-        self._reform_came = threading.Condition()
-        #: told of each `Reform` as it comes, on the channel's thread (`watching_reforms`)
-        self._reform_watchers: list[Callable[[Reform], None]] = []
 
     def send(
         self,
@@ -67,98 +57,6 @@ class DriverLink:
 
 
 _current: DriverLink | None = None
-
-
-class ResizeExit(BaseException):
-    """Ends a rank of an elastic run cleanly at commit `commit`, so that the driver starts the
-    run again at another size (raised by hvd.elastic's run; the bootstrap reports it)."""
-
-    def __init__(self, commit: int):
-        super().__init__(commit)
-        self.commit = commit
-
-
-def note_hosts_updated(generation: int = 0) -> None:
-    """The driver said more slots are free (the bootstrap's channel thread calls this);
-    `generation` > 0: new ranks wait to join the running ones in that world at their next
-    commit."""
-    if _current is not None:
-        _current.grow_into = generation
-        _current.hosts_updated.set()
-
-
-def note_reform(message: Reform) -> None:
-    """The driver said to re-form the world in place (the bootstrap's channel thread)."""
-    link = _current
-    if link is not None:
-        with link._reform_came:
-            link._reform = message
-            link._reform_came.notify_all()
-            watchers = list(link._reform_watchers)
-        for watcher in watchers:
-            with contextlib.suppress(Exception):  # the channel's thread must go on reading
-                watcher(message)
-
-
-@contextlib.contextmanager
-def watching_reforms(watcher: Callable[[Reform], None]) -> Iterator[None]:
-    """Call `watcher` with each `Reform` that comes while the block runs, on the channel's
-    thread (a rank blocked in a store's wait cannot look itself); nothing outside a worker."""
-    link = _current
-    if link is None:
-        yield
-        return
-    with link._reform_came:
-        link._reform_watchers.append(watcher)
-    try:
-        yield
-    finally:
-        with link._reform_came:
-            link._reform_watchers.remove(watcher)
-
-
-def wait_reform(after: int, timeout: float) -> Reform | None:
-    """The driver's `Reform` of a generation past `after`, waiting up to `timeout` seconds for
-    it; None outside a hora worker or when none came (no rank was lost: Horovod's own reset
-    follows)."""
-    link = _current
-    if link is None:
-        return None
-    with link._reform_came:
-        link._reform_came.wait_for(
-            lambda: link._reform is not None and link._reform.generation > after, timeout
-        )
-        reform = link._reform
-    return reform if reform is not None and reform.generation > after else None
-
-
-def hosts_updated() -> bool:
-    """Whether the driver has said, in this rank, that the elastic run can grow."""
-    return _current is not None and _current.hosts_updated.is_set()
-
-
-GROW_BY_RESTART, GROW_IN_PLACE = 1, 2
-
-
-def grown(world: int) -> None:
-    """This rank re-formed into world `world` to grow: the driver's word for it is spent (a
-    word that arrives late is read as spent too, by `growth_word`)."""
-    link = _current
-    if link is not None and 0 < link.grow_into <= world:
-        link.hosts_updated.clear()
-
-
-def growth_word(world: int) -> int:
-    """What the driver said of growing, for a rank in world `world` (its generation): 0
-    nothing (or a growth into this world or an older one, already done), GROW_BY_RESTART, or
-    GROW_IN_PLACE (new ranks wait in a later world)."""
-    link = _current
-    if link is None or not link.hosts_updated.is_set():
-        return 0
-    into = link.grow_into
-    if not into:
-        return GROW_BY_RESTART
-    return GROW_IN_PLACE if into > world else 0
 
 
 def current() -> DriverLink | None:

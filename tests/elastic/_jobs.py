@@ -310,10 +310,10 @@ def _init(plan: Plan, hvd: Any) -> None:
 
 def _arm_window_fault(plan: Plan) -> None:
     """`window_fault`: in the world of generation 1, its last rank dies "rendezvous": where hora
-    tells the driver a world gathered (`_formed`), between its presence barrier and torch's
+    tells the driver a world gathered (`say_formed`), between its presence barrier and torch's
     rendezvous; "tree": as it is about to join the negotiation tree, past torch's rendezvous
     (its parent waits for it there)."""
-    from hora.collectives import _rendezvous, _start
+    from hora.collectives import _driver, _start
 
     def dies() -> None:
         last = int(os.environ["RANK"]) == int(os.environ["WORLD_SIZE"]) - 1
@@ -330,13 +330,13 @@ def _arm_window_fault(plan: Plan) -> None:
 
         _start._join_tree = joined_or_killed
         return
-    formed = _rendezvous._formed
+    formed = _driver.say_formed
 
     def formed_or_killed(generation: int) -> None:
         dies()
         formed(generation)
 
-    _rendezvous._formed = formed_or_killed
+    _driver.say_formed = formed_or_killed
 
 
 def _first_joiner(plan: Plan) -> bool:
@@ -377,11 +377,11 @@ def _wait_for_return(folder: str, rank: int, plan: Plan | None = None) -> bool:
     """Rank 0 says the run is small, and holds the next commit until the test has brought the
     capacity back and the driver has said so (the other ranks wait in the commit's broadcast):
     the run grows at that commit, however long the capacity took to return."""
-    from hora.wire import link
+    from hora import elastic
 
     if rank == 0:
         Path(folder, SMALL_MARK).touch()
-        while not (Path(folder, BACK_MARK).exists() and link.hosts_updated()):
+        while not (Path(folder, BACK_MARK).exists() and elastic.hosts_updated()):
             if plan is not None:
                 _maybe_running_fault(plan)
             time.sleep(0.1)

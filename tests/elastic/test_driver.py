@@ -11,7 +11,7 @@ import time
 import cloudpickle
 import pytest
 
-from hora import engines
+from hora import elastic, engines
 from hora.config import ELASTIC_MAX_RESTARTS, RunConfig
 from hora.engines import AttemptSpec, Capabilities
 from hora.errors import WorkerFailedError
@@ -307,12 +307,13 @@ def test_a_rank_reads_the_word_to_grow_by_the_world_it_is_in():
     or one spent by the re-form) reads nothing; without a world it is a growth by restart."""
     link.attach(link.DriverLink(FakeConnection(), 0, b"secret"))  # type: ignore[arg-type]
     try:
-        assert link.growth_word(0) == 0
-        link.note_hosts_updated(1)
-        assert (link.growth_word(0), link.growth_word(1)) == (link.GROW_IN_PLACE, 0)
-        link.grown(1)  # re-formed into world 1: the word is spent
-        assert not link.hosts_updated() and link.growth_word(1) == 0
-        link.note_hosts_updated()
-        assert link.growth_word(1) == link.GROW_BY_RESTART
+        assert elastic.growth_word(0) == 0
+        elastic.hear(HostsUpdated(1))
+        assert (elastic.growth_word(0), elastic.growth_word(1)) == (elastic.GROW_IN_PLACE, 0)
+        elastic.grown(1)  # re-formed into world 1: the word is spent
+        assert not elastic.hosts_updated() and elastic.growth_word(1) == 0
+        elastic.hear(HostsUpdated())
+        assert elastic.growth_word(1) == elastic.GROW_BY_RESTART
     finally:
         link.detach()
+    assert not elastic.hosts_updated() and elastic.growth_word(1) == 0  # nothing without a link

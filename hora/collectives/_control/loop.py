@@ -26,6 +26,7 @@ import logging
 import selectors
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from hora.collectives._control.cache import capacity_from_env
 from hora.collectives._control.coordinator_round import CoordinatorRound
 from hora.collectives._control.negotiation import Coordinator
 from hora.collectives._control.responses import ResponseHandler
-from hora.collectives._control.stall import StallInspector, StallSettings
+from hora.collectives._control.stall import StallInspector, StallSettings, log_stall
 from hora.collectives._control.submissions import Op, SubmissionQueue
 from hora.collectives._control.tree import NegotiationTree
 from hora.collectives._control.worker_round import WorkerRound
@@ -56,6 +57,8 @@ class LoopConfig:
     fusion_threshold: int
     timeout_s: float
     stall: StallSettings
+    #: where rank 0's stall warnings go (the collectives' hook gives the driver's)
+    report_stall: Callable[[str | None], None] = log_stall
 
 
 def _sleeper_for(sel: selectors.BaseSelector) -> selectors.BaseSelector:
@@ -109,7 +112,7 @@ def _negotiation(
     )
     for ps_id, info in process_sets.items():
         coordinator.set_process_set(ps_id, info.ranks)
-    stall = StallInspector(config.stall, coordinator)
+    stall = StallInspector(config.stall, coordinator, config.report_stall)
     return CoordinatorRound(sockets.children, sel, queue, handler, coordinator, stall)
 
 

@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hora.collectives._control.negotiation import Coordinator
-from hora.wire import link
-from hora.wire.protocol import Stall
 
 log = logging.getLogger("hora.torch")
 
@@ -159,15 +157,9 @@ class StallNotice(str):
         return notice
 
 
-def report_to_user(text: str | None) -> None:
-    """To the driver under hora's launcher (None: the stall is over), else to rank 0's stderr."""
-    missing = text.missing if isinstance(text, StallNotice) else ()
-    stopping = isinstance(text, StallNotice) and text.stopping
-    try:
-        if link.send_to_driver(Stall(text if text is None else str(text), missing, stopping)):
-            return
-    except OSError:
-        pass  # the driver is gone; this process will be stopped soon
+def log_stall(text: str | None) -> None:
+    """A stall to rank 0's stderr, where no driver hears it (the collectives' hook,
+    `_driver.report_stall`, tells a hora run's driver instead)."""
     if text is not None:
         log.warning("hora: stall: %s", text)
 
@@ -180,7 +172,7 @@ class StallInspector:
         self,
         settings: StallSettings,
         coordinator: Coordinator,
-        report: Callable[[str | None], None] = report_to_user,
+        report: Callable[[str | None], None] = log_stall,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
