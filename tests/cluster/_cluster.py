@@ -76,15 +76,26 @@ class Cluster:
             self.network.start()
             if self.want_spark:
                 self.spark = SparkStandalone(self.network, env, self.cores)
-                self.spark.start()
             if self.want_ray:
                 self.ray = RayCluster(self.network, env, self.cores)
-                self.ray.start()
+            self._start_services()
         except BaseException:
             self.stop()
             raise
         self.start_seconds = time.monotonic() - began
         return self
+
+    def _start_services(self) -> None:
+        """Each service's root (master, head), each started on every host as soon as its root
+        is ready, and waited for together: Spark's workers boot while Ray's head starts, and both
+        engines' hosts at once (seconds of a start on 2 cores)."""
+        for service in self.services:
+            service.start_root()
+            for host in self.hosts:
+                service.start_on(host, wait=False)
+        for service in self.services:
+            for host in self.hosts:
+                service.wait_on(host)
 
     def stop(self) -> None:
         """Remove everything; a second call does nothing."""
@@ -186,10 +197,11 @@ class Cluster:
                 service.stop_on(host)
             self.network.kill_host(host)
         self.was_cut.clear()
-        for host in self.hosts:
-            for service in self.services:
-                if not service.alive_on(host):
-                    service.start_on(host)
+        down = [(s, h) for h in self.hosts for s in self.services if not s.alive_on(h)]
+        for service, host in down:  # started together (a host's Spark worker and Ray node)
+            service.start_on(host, wait=False)
+        for service, host in down:
+            service.wait_on(host)
 
     def shape(self, shape: Shape, hosts: list[str] | None = None) -> None:
         """Shape both directions of the named hosts' links (every host's by default)."""

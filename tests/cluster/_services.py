@@ -102,14 +102,8 @@ class _Service:
         self.root: subprocess.Popen | None = None
         self.on_hosts: dict[str, subprocess.Popen] = {}
 
-    def start(self) -> None:
-        self._start_root()
-        for host in self.network.hosts:
-            self.start_on(host, wait=False)
-        for host in self.network.hosts:
-            self.wait_on(host)
-
-    def _start_root(self) -> None:
+    def start_root(self) -> None:
+        """The process on the bridge address, ready; the hosts' are `start_on`'s."""
         raise NotImplementedError
 
     def _host_argv(self, host: Host) -> tuple[list[str], dict[str, str]]:
@@ -171,7 +165,7 @@ class SparkStandalone(_Service):
         self.port = free_port(address)
         self.master_url = f"spark://{address}:{self.port}"
 
-    def _start_root(self) -> None:
+    def start_root(self) -> None:
         address = self.network.driver_address
         argv = [self.spark_class, "org.apache.spark.deploy.master.Master", "--host", address]
         argv += ["--port", str(self.port), "--webui-port", str(free_port(address))]
@@ -221,7 +215,7 @@ class RayCluster(_Service):
             "--disable-usage-stats",
         ]
 
-    def _start_root(self) -> None:
+    def start_root(self) -> None:
         if self.env.get("RAY_AUTH_MODE") == "token" and not self.env.get("RAY_AUTH_TOKEN"):
             ray_token()  # a head in token mode refuses to start without one (Ray >= 2.5x)
         address = self.network.driver_address

@@ -1,6 +1,8 @@
-"""Fixtures for the multi-host tests: a cluster of namespaced hosts (`_cluster.Cluster`), started
-once per test module, with Spark standalone or Ray on it and this process as the driver on the
-bridge address.
+"""Fixtures for the multi-host tests: a cluster of namespaced hosts (`_cluster.Cluster`), with
+Spark standalone or Ray on it and this process as the driver on the bridge address. The 2 x 2
+cluster is kept from one module to the next that asks for the same engines (test_elastic.py to
+test_ray.py, test_spark.py to test_spark_faults.py), made whole between them; a module of
+another shape starts its own.
 
 Skipped, with the reason, where namespaces cannot be made (not root, no `ip`/`unshare`, no bridge)
 or where the engine is not installed. Every cluster process carries this test session's tag, so
@@ -11,6 +13,7 @@ and stop, each job) and the rank -> host tables are printed at the end of the se
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
@@ -57,7 +60,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 def start_cluster(hosts: int = HOSTS, cores: int = CORES, **engines: bool) -> Cluster:
     """`hosts` namespaced hosts of `cores` slots each (2 x 2 unless a module asks for more),
-    with the engines named."""
+    with the engines named (a kept cluster stopped first: `release_kept`)."""
+    release_kept()
     reason = why_unavailable()
     if reason:
         pytest.skip(f"no test cluster of namespaced hosts: {reason}")
@@ -76,15 +80,105 @@ def stop_cluster(cluster: Cluster) -> None:
     note(f"{cluster.stop_seconds:6.1f} s  stop cluster")
 
 
-# ----- Spark ---------------------------------------------------------------------------------
+# ----- one 2-host cluster kept from module to module ------------------------------------------
+@dataclasses.dataclass
+class Kept:
+    """The 2 x 2 cluster of the module before, with its engines' driver side (SparkSession, Ray
+    connection): the next module that asks for the same engines starts none (about 10-15 s a
+    start and its session on this machine's 2 cores)."""
+
+    engines: tuple[bool, bool]  # (spark, ray)
+    cluster: Cluster
+    session: Any = None
+
+
+KEPT: list[Kept] = []  # at most one
+
+
+def kept_cluster(spark: bool, ray: bool) -> Cluster:
+    """The kept 2 x 2 cluster if it runs these engines, else a new one (the kept one stopped
+    first): a SparkSession on it with every executor registered (`spark`), this process
+    connected to its Ray head with every CPU free (`ray`)."""
+    if KEPT and KEPT[0].engines == (spark, ray):
+        return KEPT[0].cluster
+    if spark:
+        pytest.importorskip("pyspark", reason="pyspark is not installed")
+        if not (shutil.which("java") or os.environ.get("JAVA_HOME")):
+            pytest.skip("Java is not installed: Spark cannot start")
+    if ray:
+        pytest.importorskip("ray", reason="ray is not installed")
+    cluster = start_cluster(spark=spark, ray=ray)
+    kept = Kept((spark, ray), cluster)
+    KEPT.append(kept)
+    try:
+        with timed(f"start SparkSession ({spark}), connect to Ray ({ray}), every slot there"):
+            if spark:
+                kept.session = spark_session_on(cluster)
+            if ray:
+                connect_ray(cluster)
+    except BaseException:
+        release_kept()
+        raise
+    return cluster
+
+
+def release_kept() -> None:
+    """Stop the kept cluster and its engines' driver side, if any."""
+    if not KEPT:
+        return
+    kept = KEPT.pop()
+    try:
+        if kept.engines[1]:
+            import ray
+
+            ray.shutdown()
+        if kept.session is not None:
+            from tests.spark.conftest import stop_spark
+
+            stop_spark(kept.session)
+    finally:
+        stop_cluster(kept.cluster)
+
+
+@contextlib.contextmanager
+def kept_for_a_module(request: pytest.FixtureRequest, spark: bool, ray: bool) -> Iterator[Cluster]:
+    """`kept_cluster` for one module; when it ends, the cluster made whole (every link up,
+    every host that was cut off or killed started again, every slot back) for the next module.
+    A module with a failed test, or a cluster that cannot be made whole, hands on nothing:
+    the next module starts its own, as if none had been kept."""
+    failed = request.session.testsfailed
+    cluster = kept_cluster(spark, ray)
+    try:
+        yield cluster
+    finally:
+        try:
+            make_whole(cluster)
+        except BaseException:
+            release_kept()
+            raise
+        if request.session.testsfailed != failed:
+            release_kept()
+
+
 @pytest.fixture(scope="module")
-def spark_cluster() -> Iterator[Cluster]:
+def spark_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """Spark standalone on the hosts, and an active SparkSession whose driver is this process
-    (bound to the bridge address); every executor registered before the first test."""
-    with spark_on_hosts() as cluster:
+    (bound to the bridge address); every executor registered before the first test. Kept for
+    the next module that asks for it (test_spark.py, then test_spark_faults.py)."""
+    with kept_for_a_module(request, spark=True, ray=False) as cluster:
         yield cluster
 
 
+@pytest.fixture(scope="module")
+def spark_and_ray_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """Spark standalone and Ray on the same hosts, this process the driver of both (a
+    SparkSession, a Ray connection). Kept for the next module that asks for it (test_elastic.py,
+    then test_ray.py)."""
+    with kept_for_a_module(request, spark=True, ray=True) as cluster:
+        yield cluster
+
+
+# ----- Spark ---------------------------------------------------------------------------------
 @contextlib.contextmanager
 def spark_on_hosts(hosts: int = HOSTS, cores: int = CORES) -> Iterator[Cluster]:
     """`spark_cluster` on `hosts` hosts of `cores` slots each (for a module that asks for
@@ -187,6 +281,7 @@ def spark_jvm_ends_with_these_tests() -> Iterator[None]:
     """The session's JVM carries this test session's tag: end it, as tests/spark does, so later
     tests' check that nothing survives sees none of it."""
     yield
+    release_kept()
     if "pyspark" in sys.modules:
         from tests.spark.conftest import end_spark_jvm
 
@@ -194,16 +289,10 @@ def spark_jvm_ends_with_these_tests() -> Iterator[None]:
 
 
 # ----- Ray -------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[Cluster]:
-    """A Ray head (no CPUs) on the bridge and one Ray node per host; this process connected."""
-    with ray_on_hosts() as cluster:
-        yield cluster
-
-
 @contextlib.contextmanager
 def ray_on_hosts(hosts: int = HOSTS, cores: int = CORES) -> Iterator[Cluster]:
-    """`ray_cluster` on `hosts` hosts of `cores` CPUs each; stopped however the module ends."""
+    """A Ray head (no CPUs) on the bridge and one Ray node per host of `cores` CPUs, this
+    process connected; stopped however the module ends (test_scale_ray.py's 8 hosts)."""
     ray = pytest.importorskip("ray", reason="ray is not installed")
     cluster = start_cluster(hosts, cores, spark=False, ray=True)
     try:

@@ -1,5 +1,5 @@
 """Elastic runs on 2 namespaced hosts x 2 slots (issue 25's acceptance): one cluster with Spark
-standalone and Ray on every host, started once for these few jobs.
+standalone and Ray on every host, started once for these few jobs and test_ray.py's.
 
 - Spark, np=4, min_np=2, max_np=4: an MLP (DistributedOptimizer) and the same MLP sharded with
   FSDP2 train side by side under hvd.elastic on samples that `hora.data.from_spark` wrote from a
@@ -9,16 +9,23 @@ standalone and Ray on every host, started once for these few jobs.
   commit (the FSDP2 model reloaded from its DCP checkpoint at each new size) and finishes. Every
   row of every epoch is trained once in the final model, which equals one process trained on
   the same steps, and so does the FSDP2 model.
-- Spark, the MLP with its FSDP2 twin resharded in place (`reshard=`), and a Keras model
-  (hora.tensorflow.keras.elastic's state and callbacks): the same loss and return, in place
-  both ways (each rank a Spark job of its own): host 1's ranks keep their processes
-  throughout, nothing restarts.
-- Ray, np=4, min_np=2, max_np=4, the MLP with its FSDP2 twin (`reshard=`) and then the Keras
-  model: an actor's node is removed (host 2 killed) mid-epoch; host 1's actors and their
-  workers are kept and re-form a world of 2 in place (same processes); host 2's node comes
-  back, new actors start in the placement group's lost bundles (reserved there again) and the
-  run grows back to 4 in place, host 1's ranks still in their processes; every sample of every
-  epoch once, the weights those of one process on the same steps.
+- Spark, a Keras model (hora.tensorflow.keras.elastic's state and callbacks): the same loss and
+  return, in place both ways (each rank a Spark job of its own): host 1's ranks keep their
+  processes throughout, nothing restarts.
+- Ray, np=4, min_np=2, max_np=4, the MLP with its FSDP2 twin (`reshard=`): an actor's node is
+  removed (host 2 killed) mid-epoch; host 1's actors and their workers are kept and re-form a
+  world of 2 in place (same processes); host 2's node comes back, new actors start in the
+  placement group's lost bundles (reserved there again) and the run grows back to 4 in place,
+  host 1's ranks still in their processes; every sample of every epoch once, the weights those
+  of one process on the same steps.
+
+In place across hosts, each engine and each model kind once (the suite's budget): the Keras
+model on Spark, the MLP with its resharded FSDP2 twin on Ray. A rank's state re-forms in place
+the same way under either engine; what is the engine's (Spark's tasks lost and new ones joining,
+Ray's actors and bundles) is in both jobs. The two pairs left out run on one machine: Keras in
+place on Ray in tests/ray/test_in_place_keras.py; on Spark, an MLP in place in
+tests/spark/test_engine_local.py and the resharded FSDP2 twin (rank-side, the same on every
+engine) in tests/elastic/test_in_place.py.
 - A rank lost in a phase of the world (issue 39; tests/elastic/test_in_place_phases.py locally),
   np=4, min_np=2, nothing restarted: on Spark, a new rank lost before it waits (the growth is
   given up, its task ends, a later one joins) and rank 0 lost while a new rank starts; on Ray, a
@@ -42,12 +49,8 @@ from tests.cluster._cluster import Cluster
 from tests.cluster.conftest import (
     CORES,
     HOSTS,
-    connect_ray,
     make_whole,
     note,
-    spark_session_on,
-    start_cluster,
-    stop_cluster,
     timed,
     wait_for_ray_nodes,
 )
@@ -62,24 +65,10 @@ SETTLE = "2"  # HORA_ELASTIC_SETTLE_SECONDS on the driver: a lost host leaves Sp
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """Spark standalone and Ray on the same hosts; this process the driver of both."""
-    pytest.importorskip("pyspark", reason="pyspark is not installed")
-    ray = pytest.importorskip("ray", reason="ray is not installed")
-    from tests.spark.conftest import stop_spark
-
-    found = start_cluster(spark=True, ray=True)
-    session = None
-    try:
-        with timed("elastic: SparkSession and Ray connected, every slot there"):
-            session = spark_session_on(found)
-            connect_ray(found)
-        yield found
-    finally:
-        ray.shutdown()
-        if session is not None:
-            stop_spark(session)
-        stop_cluster(found)
+def cluster(spark_and_ray_cluster: Cluster) -> Cluster:
+    """Spark standalone and Ray on the same hosts; this process the driver of both (kept for
+    test_ray.py)."""
+    return spark_and_ray_cluster
 
 
 @pytest.fixture
@@ -205,28 +194,6 @@ def test_spark_shrinks_on_a_lost_host_and_grows_back_keras(whole, tmp_path, capf
             assert abs(got - value).max() < 1e-9, (got, value)
 
 
-@pytest.mark.timeout(600)
-def test_spark_re_forms_in_place_on_a_lost_host_and_grows_back_in_place(whole, tmp_path, capfd):
-    """Host 2 killed mid-epoch: its ranks' Spark jobs fail, host 1's tasks live on (each rank
-    is a job of its own), and its ranks re-form a world of 2 in the same processes; once host 2
-    is back, two new tasks join them in place. Host 1's ranks keep their processes across
-    both resizes; every sample of every epoch once; the weights of the MLP and of its FSDP2
-    twin (`reshard=`: rebuilt over 2, then 4, loading the DCP commit each time) those of one
-    process on the same steps; nothing restarted."""
-    plan, results, steps = _shrink_and_grow_on_spark(
-        whole,
-        tmp_path,
-        _jobs.train,
-        "MLP+FSDP2, in place",
-        capfd,
-        shrinks=" in place",
-        grows="yes",
-        fsdp=True,
-        reshard=True,
-    )
-    _check_mlp_and_fsdp2(plan, results, steps)
-
-
 def _shrink_and_grow_in_place_on_ray(
     cluster: Cluster, folder: Path, job: Any, what: str, capfd: Any, **options: Any
 ) -> tuple[_jobs.Plan, list[dict[str, Any]], list[_jobs.Step]]:
@@ -302,21 +269,6 @@ def test_ray_re_forms_in_place_when_a_node_is_removed_and_grows_back_mlp_and_fsd
         whole, tmp_path, _jobs.train, "MLP+FSDP2", capfd, fsdp=True, reshard=True
     )
     _check_mlp_and_fsdp2(plan, results, steps)
-
-
-@pytest.mark.timeout(600)
-def test_ray_re_forms_in_place_when_a_node_is_removed_and_grows_back_keras(whole, tmp_path, capfd):
-    """The Keras model (hora.tensorflow.keras.elastic's state and callbacks) through the same
-    loss and return on Ray, in place both ways: the new actors' ranks take the state by
-    broadcast, optimizer slots included; the weights those of one Keras process on the same
-    steps."""
-    plan, results, steps = _shrink_and_grow_in_place_on_ray(
-        whole, tmp_path, _keras_jobs.train, "Keras", capfd
-    )
-    want = hora.run(_keras_jobs.reference, (plan, steps), np=1, backend="local")[0]
-    for r in results:
-        for got, value in zip(r["weights"], want, strict=True):
-            assert abs(got - value).max() < 1e-9, (got, value)
 
 
 # ----- a rank lost in each phase of the world (issue 39): survived in place, on both engines --

@@ -1,6 +1,6 @@
 """hora on Ray over 2 namespaced hosts: a head with no CPUs on the bridge, one 2-CPU node per
-host, this process the driver. A training job (4 ranks, 2 per host) and a host cut off
-mid-collective."""
+host, this process the driver (test_elastic.py's cluster, kept: Spark standalone idles beside
+Ray). A training job (4 ranks, 2 per host) and a host cut off mid-collective."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ NP = HOSTS * CORES
 
 
 @pytest.fixture
-def cluster(ray_cluster):
-    yield ray_cluster
-    make_whole(ray_cluster)
+def cluster(spark_and_ray_cluster):
+    yield spark_and_ray_cluster
+    make_whole(spark_and_ray_cluster)
 
 
 def test_training_over_two_ray_nodes_equals_one_process(cluster):

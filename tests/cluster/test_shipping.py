@@ -25,6 +25,7 @@ from tests.cluster.conftest import (
     HOSTS,
     connect_ray,
     note,
+    release_kept,
     spark_session_on,
     timed,
 )
@@ -41,6 +42,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     ray = pytest.importorskip("ray", reason="ray is not installed")
     from tests.spark.conftest import stop_spark
 
+    release_kept()  # another module's kept cluster (its SparkSession, its Ray connection)
     reason = why_unavailable()
     if reason:
         pytest.skip(f"no test cluster of namespaced hosts: {reason}")

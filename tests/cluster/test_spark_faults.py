@@ -1,6 +1,6 @@
 """Faults on Spark standalone over 2 namespaced hosts x 2 slots: a killed executor JVM, a host that
-vanishes (with and without enough slots left), a host cut off mid-collective, a lossy link (1%
-and 5% of host 2's packets dropped at random by nftables, this kernel having no netem), and a
+vanishes (with and without enough slots left), a host cut off mid-collective, a lossy link (5%
+of host 2's packets dropped at random by nftables, this kernel having no netem), and a
 flapping link (host 2's dropping everything for 10 s mid-run, under an elastic run, with a
 heartbeat timeout above and below that).
 
@@ -178,7 +178,8 @@ def unshaped(spark_cluster: Cluster) -> tuple[float, float]:
     return seconds
 
 
-@pytest.mark.parametrize("loss_pct", [1, 5])
+# 5% only (the suite's budget): 1% was the same job and the same checks, on a link that loses less.
+@pytest.mark.parametrize("loss_pct", [5])
 def test_training_over_a_lossy_link_gives_the_same_result(cluster, unshaped, loss_pct):
     """`loss_pct`% of the packets of host 2's link lost at random, each way (nftables: this
     kernel has no netem, so there is no delay or jitter): the same model as one process, bit

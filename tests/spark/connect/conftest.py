@@ -49,8 +49,12 @@ class ClientRun:
     returncode: int
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
+    #: checks this client did not run, and why (`ONE_KIND_ONLY`): a test of one skips
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def value(self, check: str) -> Any:
+        if check in self.left_out:
+            pytest.skip(f"{check}: {self.left_out[check]}")
         result = self.results.get(check)
         assert result is not None, f"the client did not report {check!r}:\n{self.output[-4000:]}"
         assert "error" not in result, f"{check}: {result.get('traceback')}"
@@ -150,12 +154,53 @@ if importlib.util.find_spec("tensorflow") is not None:  # MirroredStrategyRunner
     DOOR_CHECKS.append("mirrored")
 DOOR_CHECKS += ["data_from_spark", "data_in_place"]
 
+#: The door checks run on one kind of session only (each is a launch: seconds on 2 cores; the
+#: suite's budget): hora's code on a Connect session is the same on both kinds, and these depend
+#: on nothing that tells them apart. On the separate server, where executors are JVMs of their
+#: own and a stage outlives its response stream (reattached): DeepSpeed's and
+#: MirroredStrategyRunner's doors, the timeline, and hora.data (its files written and read by
+#: those executors). On `remote("local[2]")`: TorchDistributor's local mode, whose ranks run on
+#: the client and never reach the server. The other door checks run on both.
+ONE_KIND_ONLY = {
+    "separate-server": ["deepspeed", "mirrored", "timeline", "data_from_spark", "data_in_place"],
+    "remote-local": ["torch_distributor_local_mode"],
+}
+
+
+def kind_of(url: str) -> str:
+    """The `url` fixture's param for its value."""
+    return "remote-local" if url.startswith("local") else "separate-server"
+
+
+def ml_checks_run_here() -> bool:
+    """test_estimator.py's client libraries: pyspark.ml.connect's evaluators need torcheval, the
+    digits come from scikit-learn."""
+    return all(importlib.util.find_spec(name) for name in ("torcheval", "sklearn"))
+
+
+def ml_checks(url: str) -> list[str]:
+    """test_estimator.py's checks (`_ml_client`): the pipeline fitted on a Spark DataFrame on
+    `remote("local[2]")`, on a pandas one on the separate server (both inputs covered)."""
+    fit_on = "spark" if kind_of(url) == "remote-local" else "pandas"
+    return [f"ml_connect_pipeline_on_{fit_on}", "large_model_as_artifact"]
+
 
 @pytest.fixture(scope="package")
 def doors_client(url):
-    """One client process per kind of session for the doors' and hora.data's checks (each such
-    process starts a session, and on `remote("local[2]")` a JVM)."""
-    return run_client(url, DOOR_CHECKS)
+    """One client process per kind of session for the doors', hora.data's and the estimator's
+    checks (each such process starts a session, and on `remote("local[2]")` a JVM: seconds on 2
+    cores); the checks of the other kind only (`ONE_KIND_ONLY`) left out."""
+    kind = kind_of(url)
+    (other,) = (k for k in ONE_KIND_ONLY if k != kind)
+    why = f"runs on the {other} session only (ONE_KIND_ONLY)"
+    left_out = dict.fromkeys(ONE_KIND_ONLY[other], why)
+    checks = [c for c in DOOR_CHECKS if c not in left_out]
+    if not ml_checks_run_here():
+        run = run_client(url, checks)
+    else:  # _ml_client's checks and, through its import of _client, the doors'
+        run = run_client(url, checks + ml_checks(url), module="tests.spark.connect._ml_client")
+    run.left_out = left_out
+    return run
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -1,7 +1,9 @@
-"""hora.data.from_spark on both kinds of Connect session (see test_doors.py): the DataFrame is
+"""hora.data.from_spark on Spark Connect's separate server (see test_doors.py): the DataFrame is
 written once and found again, and every row reaches exactly one Spark rank once per epoch; a
 plain scan of Parquet is read in place, from the client's own plan. The checks run in
-test_doors.py's client process (`doors_client`), after the doors' checks."""
+test_doors.py's client process (`doors_client`), after the doors' checks; on the separate server
+only (`conftest.ONE_KIND_ONLY`: its executors, JVMs of their own, write and read the files;
+hora.data's code is the same on `remote("local[2]")`, whose tests here are skipped, saying so)."""
 
 from __future__ import annotations
 
