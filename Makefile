@@ -45,7 +45,7 @@ nftables:
 # Streaming (the data tests' and bench/data.py's comparison) goes in with --no-deps after the
 # `mosaic` extra's modules: its own requirements would replace torch with a CUDA build.
 # uv, not pip, runs the installs (.ci/install): from cold caches on 2 cores it takes the set-up
-# from 161 s to about 60 s (DEVELOPERS.md, "The first minutes").
+# from 144 s to 82 s (load 2 to 4; DEVELOPERS.md, "The first minutes").
 $(STAMP): pyproject.toml
 	$(STEP) venv $(PYTHON) -m venv $(VENV)
 	$(STEP) installer $(INSTALL) --bootstrap
