@@ -2,7 +2,11 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install -q
+# The installer: uv (from PyPI, into the venv) where it can be had, else pip; `make setup
+# INSTALLER=pip` installs with pip alone. .ci/install takes pip install's arguments either way.
+INSTALLER ?= uv
+export INSTALLER
+INSTALL := .ci/install $(VENV)
 STAMP := $(VENV)/.installed
 # The venv's tools first (its ninja above all): torch's extension builds keep a ninja log that
 # another ninja version does not read, so a driver and ranks that find different ninjas rebuild
@@ -31,20 +35,24 @@ nftables:
 		{ apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
 
-# torch==2.13.0 goes in first and alone (with a current pip and setuptools): anything that pulls a
-# plain `torch` later is then satisfied and pip does not download a multi-GB CUDA build. The rest
-# is one resolver run. DeepSpeed is an sdist whose setup imports torch: --no-build-isolation (it
-# builds against this torch; hora and any other sdist build with the venv's setuptools, hence its
-# upgrade first) and DS_BUILD_OPS=0 (no op compiled at install). Mosaic Streaming (the data tests'
-# and bench/data.py's comparison) goes in with --no-deps after the `mosaic` extra's modules: its
-# own requirements would replace torch with a CUDA build.
+# torch==2.13.0 goes in first and alone: anything that pulls a plain `torch` later is then
+# satisfied and no multi-GB CUDA build is downloaded. pip picks its wheel (this machine's pip
+# configuration may name a local CPU wheel, a mirror or a constraint: uv reads none of pip's) and
+# uv installs it; the extras' run names torch==2.13.0 again, so that no resolver replaces it. The
+# rest is one resolver run. DeepSpeed is an sdist whose setup imports torch: --no-build-isolation
+# (it builds against this torch; hora and pyspark's sdist build with the venv's setuptools,
+# brought up to date by the bootstrap) and DS_BUILD_OPS=0 (no op compiled at install). Mosaic
+# Streaming (the data tests' and bench/data.py's comparison) goes in with --no-deps after the
+# `mosaic` extra's modules: its own requirements would replace torch with a CUDA build.
+# uv, not pip, runs the installs (.ci/install): from cold caches on 2 cores it takes the set-up
+# from 144 s to 82 s (load 2 to 4; DEVELOPERS.md, "The first minutes").
 $(STAMP): pyproject.toml
 	$(STEP) venv $(PYTHON) -m venv $(VENV)
-	$(STEP) pip+setuptools $(PIP) --upgrade pip setuptools
-	$(STEP) torch $(PIP) torch==2.13.0
-	$(STEP) hora+extras env DS_BUILD_OPS=0 $(PIP) --no-build-isolation \
-		-e '.[dev,deepspeed,estimator,clients,mosaic]'
-	$(STEP) mosaicml-streaming $(PIP) --no-deps 'mosaicml-streaming==0.13.0'
+	$(STEP) installer $(INSTALL) --bootstrap
+	$(STEP) torch $(INSTALL) --as-pip-picks torch==2.13.0
+	$(STEP) hora+extras env DS_BUILD_OPS=0 $(INSTALL) --no-build-isolation \
+		-e '.[dev,deepspeed,estimator,clients,mosaic]' torch==2.13.0
+	$(STEP) mosaicml-streaming $(INSTALL) --no-deps 'mosaicml-streaming==0.13.0'
 	touch $(STAMP)
 
 # DeepSpeed compiles its C++ ops on first use, into torch's extension cache (about a minute each
@@ -58,12 +66,18 @@ deepspeed-ops: setup
 	$(TOTAL)
 
 # The demos run with the venv's tools (WITH_VENV_TOOLS above). The sharded demo's DeepSpeed needs
-# one op, the shared-memory collectives its CPU init_distributed loads (its Adam is torch's): built
-# just before it (half a minute on 2 free cores; seconds when built), so its ranks only load it.
+# one op, the shared-memory collectives its CPU init_distributed loads (its Adam is torch's): its
+# build (60 CPU-seconds of C++; seconds when built) starts in the background with the demo, where
+# the first two demos leave a core idle, and the step before the sharded demo waits for it under
+# hora's host lock (hora/_deepspeed_ops.py), builds it itself if that build failed, then prints
+# what the background build said. Its ranks only load it.
+DEMO_OP := $(WITH_VENV_TOOLS) $(PY) -m hora._deepspeed_ops ShareMemCommBuilder
 demo: setup
+	@$(DEMO_OP) > $(VENV)/demo-op.log 2>&1 &
 	$(STEP) digits $(WITH_VENV_TOOLS) $(PY) examples/digits.py
 	$(STEP) keras_digits $(WITH_VENV_TOOLS) $(PY) examples/keras_digits.py
-	$(STEP) deepspeed_shm_comm-op $(WITH_VENV_TOOLS) $(PY) -m hora._deepspeed_ops ShareMemCommBuilder
+	$(STEP) deepspeed_shm_comm-op $(DEMO_OP)
+	@sed 's/^/  (background) /' $(VENV)/demo-op.log
 	$(STEP) sharded_demo $(WITH_VENV_TOOLS) $(PY) examples/sharded_demo.py
 	$(STEP) estimator_digits $(WITH_VENV_TOOLS) $(PY) examples/estimator_digits.py
 	$(TOTAL)

@@ -21,7 +21,7 @@ from contextlib import contextmanager, nullcontext
 from types import FrameType
 from typing import Any
 
-from hora import engines
+from hora import __version__, engines
 from hora._script import Program, UsageError, resolve, run_program
 from hora.api import run
 from hora.errors import HoraError, RunTimeoutError
@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hora", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    _version_option(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     run_cmd = commands.add_parser(
         "run",
@@ -68,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,  # `--no` must not silently mean --no-python
     )
+    _version_option(run_cmd)
     run_cmd.add_argument(
         "-np",
         "--num-proc",
@@ -172,6 +174,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     summary_cmd.add_argument("trace", help="the trace file (Chrome trace JSON)")
     return parser
+
+
+def _version_option(parser: argparse.ArgumentParser) -> None:
+    """`--version`, as horovodrun's, torchrun's and ray's: prints `hora X.Y.Z` (hora.__version__,
+    what the Spark engine's version check reports too) and exits 0, before any required argument
+    is asked for. After the program (`hora run -np 2 train.py --version`) it is the program's."""
+    parser.add_argument(
+        "--version", action="version", version=f"hora {__version__}", help="print hora's version"
+    )
 
 
 def _remote_takers() -> list[str]:

@@ -12,10 +12,12 @@ import shutil
 import signal
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
+import hora
 from hora.cli import main
 from hora.environment.build import threads_per_rank
 from tests import _workers
@@ -63,10 +65,26 @@ def _rank_lines(stdout: str, rank: int) -> list[str]:
 def test_script_runs_on_every_rank_with_its_arguments(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    done = _hora("run", "-np", "2", str(script), "--lr", "0.1")
+    # after the program, even --version is the program's (not hora's own --version)
+    done = _hora("run", "-np", "2", str(script), "--lr", "0.1", "--version")
     assert done.returncode == 0, done.stderr
-    assert "[0] rank 0 of 2 args ['--lr', '0.1']" in done.stdout
-    assert "[1] rank 1 of 2 args ['--lr', '0.1']" in done.stdout
+    assert "[0] rank 0 of 2 args ['--lr', '0.1', '--version']" in done.stdout
+    assert "[1] rank 1 of 2 args ['--lr', '0.1', '--version']" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "args", [["--version"], ["run", "--version"], ["run", "-np", "2", "--version"]]
+)
+def test_version_is_the_installed_distributions(args):
+    # the `hora` command pip installed next to this interpreter, as a user types it
+    command = Path(sys.executable).parent / "hora"
+    assert command.is_file(), f"no {command}: hora is not installed in this environment"
+    done = subprocess.run(
+        [str(command), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"hora {metadata.version('hora')}\n"
+    assert metadata.version("hora") == hora.__version__  # pyproject's and the package's agree
 
 
 def test_failure_exits_non_zero_with_the_root_cause_on_stderr(tmp_path):
