@@ -12,6 +12,7 @@ import importlib.util
 from types import ModuleType
 
 from hora import reporters as reporters
+from hora._version import __version__ as __version__
 from hora.api import HorovodRunner as HorovodRunner
 from hora.api import Runner as Runner
 from hora.api import run as run
@@ -23,8 +24,6 @@ from hora.errors import WorkerFailedError as WorkerFailedError
 from hora.serverless import distributed as distributed
 from hora.wire.link import log_to_driver as log_to_driver
 from hora.wire.link import report as report
-
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> ModuleType:

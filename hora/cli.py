@@ -21,8 +21,9 @@ from contextlib import contextmanager, nullcontext
 from types import FrameType
 from typing import Any
 
-from hora import __version__, engines
+from hora import engines
 from hora._script import Program, UsageError, resolve, run_program
+from hora._version import __version__
 from hora.api import run
 from hora.errors import HoraError, RunTimeoutError
 from hora.job import stacks

@@ -81,6 +81,7 @@ FLOORS: dict[int, tuple[str, ...]] = {
     ),
     0: (
         "hora.errors",
+        "hora._version",  # the one version: the package, `hora --version`, the executors' check
         "hora.placement",  # where ranks sit: the driver's orders, the wire and the collectives
     ),
 }
