@@ -211,7 +211,8 @@ class Monitor:
         if limits.deadline is not None and now > limits.deadline:
             self.hearing.ask_where(f"the run reached timeout={limits.timeout:g} s")
             if self.questions.answered(now):
-                running = self.records.ranks_where("unfinished")
+                returned = set(self.records.ranks_where("returned"))
+                running = [r for r in range(self.np) if r not in returned]  # silent ones too
                 dump = self.questions.dump
                 where = self.hearing.stack_report(dump) if dump is not None else None
                 error = past_timeout(running, limits.timeout, self.hearing.stall, where)

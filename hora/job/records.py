@@ -139,6 +139,5 @@ _COUNTED = {
     "stopped": lambda rec: rec.stopped_at is not None,
     "lost": lambda rec: rec.lost,
     "failed": lambda rec: rec.failure is not None,
-    "unfinished": lambda rec: not rec.returned,
     "ended": lambda rec: rec.returned or rec.exit is not None or rec.failure is not None,
 }
