@@ -92,7 +92,7 @@ def carry_out(records: Records, group: Any, decision: Any) -> GrowingInPlace | N
     of a growth started, for the callbacks. The records are by process: nothing is renamed,
     the processes the world left are forgotten."""
     match decision:
-        case Abandon(running=running, why=why):
+        case Abandon(why=why):
             records.forget_gone()
             say(f"giving up the growth in place ({why}); the running ranks go on")
         case ReformWorld():

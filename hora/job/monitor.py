@@ -225,7 +225,8 @@ class Monitor:
         not stopped or asked where it is, and no survivor done already."""
         if not self.world.in_place or self.world.phase is Phase.RESTARTING:
             return False
-        survivors = [rec for _, rec in self.records.ranked() if not rec.lost]
+        ranked = self.records.ranked()
+        survivors = [rec for r, rec in ranked if r < self.np and not rec.lost]  # no new rank
         done = any(rec.finished for rec in survivors)
         return self.state is not AttemptState.STOPPING and self.questions.dump is None and not done
 

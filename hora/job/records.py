@@ -68,12 +68,16 @@ class Records:
 
     def ranked(self) -> Iterator[tuple[int, RankRecord]]:
         """(rank now, record) of every process that has one, by rank."""
-        rank_of = self.world.rank_of
-        found = [(r, rec) for pid, rec in self._by_id.items() if (r := rank_of(pid)) is not None]
-        return iter(sorted(found, key=lambda pair: pair[0]))
+        return iter(sorted(self._with_ranks(), key=lambda pair: pair[0]))
 
-    def by_rank(self, rank: int) -> RankRecord:
-        return self.of(self.world.id_of(rank))
+    def _with_ranks(self) -> Iterator[tuple[int, RankRecord]]:
+        """(rank now, record) of every process that has one, in no order (a count needs none:
+        the monitor counts at every turn)."""
+        rank_of = self.world.rank_of
+        for pid, record in self._by_id.items():
+            rank = rank_of(pid)
+            if rank is not None:
+                yield rank, record
 
     def forget_gone(self) -> None:
         """Forget the processes the world left behind, closing their channels (one that
@@ -112,7 +116,7 @@ class Records:
     def count(self, what: str) -> int:
         """How many ranks now have `what`: "started", "returned", "exited", "stopped"."""
         test = _COUNTED[what]
-        return sum(1 for _, rec in self.ranked() if test(rec))
+        return sum(1 for _, rec in self._with_ranks() if test(rec))
 
     def ranks_where(self, what: str) -> list[int]:
         test = _COUNTED[what]
@@ -137,7 +141,6 @@ _COUNTED = {
     "returned": lambda rec: rec.returned,
     "exited": lambda rec: rec.exit is not None,
     "stopped": lambda rec: rec.stopped_at is not None,
-    "lost": lambda rec: rec.lost,
     "failed": lambda rec: rec.failure is not None,
     "ended": lambda rec: rec.returned or rec.exit is not None or rec.failure is not None,
 }
