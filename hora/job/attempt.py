@@ -19,18 +19,21 @@ from typing import Any
 
 from hora.engines import Capabilities
 from hora.job import in_place
-from hora.job.callbacks import AttemptState, MonitorCallback
+from hora.job.callbacks import MonitorCallback
 from hora.job.elastic import FreeSlots, Growth
 from hora.job.failures import Failure, not_started, past_timeout, story
 from hora.job.hearing import Hearing
 from hora.job.outcome import Ended, Failed, Finished, Limits, Outcome, StoppedToGrow, TimedOut
 from hora.job.records import Records
 from hora.job.silence import silent
-from hora.job.world import Phase, Restart
+from hora.job.state import AttemptState
+from hora.job.world import Restart
 from hora.wire.protocol import HostsUpdated
 
 SETTLE_SECONDS = 0.3  # after a first failure, wait this long for its cause to be reported too
 EXIT_GRACE_SECONDS = 10.0  # after every result is in, how long ranks get to exit by themselves
+#: the world's states a running attempt shows: its world changes in place
+_CHANGING = (AttemptState.SHRINKING, AttemptState.GROWING)
 
 
 class AttemptController:
@@ -74,15 +77,17 @@ class AttemptController:
                 callback.on_state(self, previous, state)
 
     def _judged(self) -> AttemptState:
-        """The state the ranks' reports so far put a running attempt in."""
+        """The state the ranks' reports so far, and its world, put a running attempt in."""
         count = self.records.count
         if count("failed"):
             return AttemptState.FAILING
         if count("returned") >= self.np:
             return AttemptState.FINISHING
-        if count("started") >= self.np:  # more: new ranks on their way to grow it in place
-            return AttemptState.RUNNING
-        return AttemptState.STARTING
+        if count("started") < self.np:  # more: new ranks on their way to grow it in place
+            return AttemptState.STARTING
+        if self.world.phase in _CHANGING:
+            return self.world.phase
+        return AttemptState.RUNNING
 
     # -- a turn -----------------------------------------------------------------------------
     def turn(
@@ -188,7 +193,7 @@ class AttemptController:
     def _may_go_on(self) -> bool:
         """The world may be asked to go on without the lost ranks: an attempt that may re-form,
         not stopped or asked where it is, and no survivor done already."""
-        if not self.world.in_place or self.world.phase is Phase.RESTARTING:
+        if not self.world.in_place or self.world.phase is AttemptState.FAILING:
             return False
         ranked = self.records.ranked()
         survivors = [rec for r, rec in ranked if r < self.np and not rec.lost]  # no new rank
@@ -217,7 +222,7 @@ class AttemptController:
     def _world_still(self) -> bool:
         """Every rank's hvd.elastic.run has said whether it can re-form, and no change of the
         world is under way."""
-        return not self.world.in_place or self.world.phase is Phase.RUNNING
+        return not self.world.in_place or self.world.phase is AttemptState.RUNNING
 
     def _grow_in_place(self, size: int, now: float, wall: float) -> bool:
         """Start new ranks for a world of `size` that the running ranks re-form into at their

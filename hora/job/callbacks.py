@@ -12,7 +12,6 @@ branch of its reports; callbacks watch, and decide nothing.
 
 from __future__ import annotations
 
-import enum
 import sys
 from typing import Any, Protocol
 
@@ -20,37 +19,9 @@ from hora._output_files import OutputFiles
 from hora.job._echo import echo
 from hora.job.in_place import GrowingInPlace, ResizedInPlace
 from hora.job.metrics import MetricsLog
+from hora.job.state import AttemptState
 from hora.timeline import DriverTimeline
 from hora.wire.protocol import Metrics, Resumed, TimelineBatch
-
-
-class AttemptState(enum.Enum):
-    """Where one attempt is; the last four end it."""
-
-    STARTING = "starting"  # the group runs; not every rank has connected yet
-    RUNNING = "running"  # every rank has the job; results are due
-    FINISHING = "finishing"  # every result is in; the ranks get their grace to exit
-    FAILING = "failing"  # a rank failed: its story waits for the cause and the ranks' stacks
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    TIMED_OUT = "timed out"
-    RESIZED = "resized"  # every rank stopped at a commit so that the run can grow
-    STOPPING = "stopping"  # the group was stopped: what the ranks said last is drained
-
-    @property
-    def ended(self) -> bool:
-        return self in _ENDED
-
-
-_ENDED = frozenset(
-    {
-        AttemptState.SUCCEEDED,
-        AttemptState.FAILED,
-        AttemptState.TIMED_OUT,
-        AttemptState.RESIZED,
-        AttemptState.STOPPING,
-    }
-)
 
 
 class Attempt(Protocol):

@@ -17,13 +17,14 @@ from typing import Protocol
 
 from hora.engines import Capabilities
 from hora.job.attempt import AttemptController
-from hora.job.callbacks import AttemptState, MonitorCallback
+from hora.job.callbacks import MonitorCallback
 from hora.job.elastic import Growth
 from hora.job.hearing import Hearing
 from hora.job.in_place import Hands
 from hora.job.outcome import Ended, Limits, Outcome
 from hora.job.records import Records
 from hora.job.silence import silence_seconds
+from hora.job.state import AttemptState
 from hora.job.world import World
 from hora.wire.protocol import (
     EngineFailed,

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 
 from hora.engines import Capabilities
 from hora.job import attempt
-from hora.job.callbacks import AttemptState, MonitorCallback
+from hora.job.callbacks import MonitorCallback
 from hora.job.monitor import Monitor
 from hora.job.outcome import Failed, Finished, Limits
+from hora.job.state import AttemptState
 from hora.wire.protocol import Error, Exited, Hello, InPlace, Result
 from tests.job._fakes import FakeConnection, FakeGroup, hellos
 
