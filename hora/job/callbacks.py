@@ -1,60 +1,31 @@
-"""What the driver does beside watching an attempt, as callbacks on its monitor, and the
-attempt's explicit states they see.
+"""What the driver does beside deciding an attempt, as callbacks, and the attempt's explicit
+states they see.
 
 After Ray Train v2's controller (`controller/state.py`: one state at a time, callbacks told of
-each change; `execution/callback.py`) and torch elastic's `WorkerState`. The monitor keeps only
-what decides an attempt's fate (who started, returned, failed or stopped to grow) and tells its
-callbacks the rest: each rank's output, its reports, each turn of its loop, each change of
-state. A feature of the driver (the timeline, live metrics, output files, the growth watch, the
-console) is one callback here, not another parameter of `Monitor` and branch of its reports.
+each change; `execution/callback.py`) and torch elastic's `WorkerState`. The attempt's
+controller (`hora.job.attempt`) keeps only what decides its fate (who started, returned, failed
+or stopped to grow, whether it grows) and tells its callbacks the rest: each rank's output, its
+reports, each turn, each change of state. A feature of the driver (the timeline, live metrics,
+output files, the console) is one callback here, not another parameter of the monitor and
+branch of its reports; callbacks watch, and decide nothing.
 """
 
 from __future__ import annotations
 
-import enum
 import sys
 from typing import Any, Protocol
 
 from hora._output_files import OutputFiles
 from hora.job._echo import echo
-from hora.job.elastic import FreeSlots
 from hora.job.in_place import GrowingInPlace, ResizedInPlace
 from hora.job.metrics import MetricsLog
+from hora.job.state import AttemptState
 from hora.timeline import DriverTimeline
-from hora.wire.protocol import HostsUpdated, Metrics, Resumed, TimelineBatch
+from hora.wire.protocol import Metrics, Resumed, TimelineBatch
 
 
-class AttemptState(enum.Enum):
-    """Where one attempt is; the last four end it."""
-
-    STARTING = "starting"  # the group runs; not every rank has connected yet
-    RUNNING = "running"  # every rank has the job; results are due
-    FINISHING = "finishing"  # every result is in; the ranks get their grace to exit
-    FAILING = "failing"  # a rank failed: its story waits for the cause and the ranks' stacks
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    TIMED_OUT = "timed out"
-    RESIZED = "resized"  # every rank stopped at a commit so that the run can grow
-    STOPPING = "stopping"  # the group was stopped: what the ranks said last is drained
-
-    @property
-    def ended(self) -> bool:
-        return self in _ENDED
-
-
-_ENDED = frozenset(
-    {
-        AttemptState.SUCCEEDED,
-        AttemptState.FAILED,
-        AttemptState.TIMED_OUT,
-        AttemptState.RESIZED,
-        AttemptState.STOPPING,
-    }
-)
-
-
-class Monitor(Protocol):
-    """What a callback may use of the monitor (`hora.job.monitor.Monitor`)."""
+class Attempt(Protocol):
+    """What a callback may read of the attempt (`hora.job.attempt.AttemptController`)."""
 
     @property
     def np(self) -> int: ...
@@ -62,26 +33,17 @@ class Monitor(Protocol):
     @property
     def state(self) -> AttemptState: ...
 
-    @property
-    def may_grow(self) -> bool: ...
-
-    def send_all(self, message: Any) -> None:
-        """Send `message` to every rank whose channel is still open."""
-
-    def grow_in_place(self, size: int) -> bool:
-        """Start new ranks that the running ones re-form with; False when they cannot."""
-
 
 class MonitorCallback:
-    """A hook into one attempt's monitor; every method does nothing unless overridden. All run on
-    the monitor's thread (the caller's), in the order the callbacks were given."""
+    """A hook into one attempt; every method does nothing unless overridden. All run on the
+    monitor's thread (the caller's), in the order the callbacks were given."""
 
     def on_state(
-        self, monitor: Monitor, previous: AttemptState | None, current: AttemptState
+        self, attempt: Attempt, previous: AttemptState | None, current: AttemptState
     ) -> None:
         """The attempt changed state (`previous` None: the monitor was just made)."""
 
-    def on_tick(self, monitor: Monitor, now: float) -> None:
+    def on_tick(self, attempt: Attempt, now: float) -> None:
         """One turn of the monitor's loop (about every 50 ms), `now` its `time.monotonic()`."""
 
     def on_output(self, rank: int, where: str, stream: str, text: str) -> None:
@@ -137,19 +99,19 @@ class CollectMetrics(MonitorCallback):
     """The ranks' `hora.report` into the run's metrics log: a new attempt of `np` ranks from its
     start, complete steps emitted at each turn."""
 
-    def __init__(self, metrics: MetricsLog, attempt: int) -> None:
+    def __init__(self, metrics: MetricsLog, index: int) -> None:
         self.metrics = metrics
-        self.attempt = attempt
+        self.index = index  # the attempt's, from 0
 
     def on_state(
-        self, monitor: Monitor, previous: AttemptState | None, current: AttemptState
+        self, attempt: Attempt, previous: AttemptState | None, current: AttemptState
     ) -> None:
         if previous is None:
-            self.metrics.start_attempt(self.attempt, monitor.np)
+            self.metrics.start_attempt(self.index, attempt.np)
 
-    def on_tick(self, monitor: Monitor, now: float) -> None:
-        if monitor.np != self.metrics.np:  # the attempt shrank in place: steps of fewer ranks
-            self.metrics.start_attempt(self.attempt, monitor.np)
+    def on_tick(self, attempt: Attempt, now: float) -> None:
+        if attempt.np != self.metrics.np:  # the attempt shrank in place: steps of fewer ranks
+            self.metrics.start_attempt(self.index, attempt.np)
         self.metrics.flush()
 
     def on_report(self, message: Any) -> None:
@@ -161,37 +123,11 @@ class CollectMetrics(MonitorCallback):
                 self.metrics.resized(event | {"commit": commit, "why": why})
 
 
-class Grow(MonitorCallback):
-    """An elastic attempt that may grow: while every rank runs, once the cluster has had room
-    for more for the settle time, grow in place where the ranks can (`hora.job.world`), else
-    (with a restart left) ask them all to stop at their next commit. After a resize in place,
-    or a growth in place given up (a new rank was lost), it watches again."""
-
-    def __init__(self, growth: FreeSlots, max_np: int, restart: bool = True) -> None:
-        self.growth = growth
-        self.max_np = max_np
-        self.restart = restart  # the budget has an attempt left to grow into
-        self.in_place = False  # the watch fired and new ranks were started
-
-    def on_tick(self, monitor: Monitor, now: float) -> None:
-        if monitor.state is not AttemptState.RUNNING or not monitor.may_grow:
-            return
-        if monitor.np != self.growth.np or self.in_place:  # resized, or the growth given up
-            self.growth = FreeSlots(monitor.np, self.growth.capacity, self.growth.steady)
-            self.in_place = False
-        if monitor.np >= self.max_np or not self.growth.due(now):
-            return
-        self.in_place = monitor.grow_in_place(min(self.max_np, self.growth.seen))
-        if not self.in_place and self.restart:
-            monitor.send_all(HostsUpdated())
-
-
 def for_attempt(
     attempt: int,
     timeline: DriverTimeline,
     metrics: MetricsLog,
     output_files: OutputFiles | None = None,
-    growth: Grow | None = None,
     log_callback_only: bool = False,
 ) -> list[MonitorCallback]:
     """The driver's callbacks for the attempt numbered `attempt` (from 0) of a run."""
@@ -203,6 +139,4 @@ def for_attempt(
         RecordTimeline(timeline),
         CollectMetrics(metrics, attempt),
     ]
-    if growth is not None:
-        callbacks.append(growth)
     return callbacks

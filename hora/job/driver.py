@@ -42,7 +42,7 @@ from hora.job.controller import (
     StartAttempt,
     indented_story,
 )
-from hora.job.elastic import FreeSlots, Sizer, TooFewSlots, settle_given
+from hora.job.elastic import FreeSlots, Growth, Sizer, TooFewSlots, settle_given
 from hora.job.metrics import MetricsLog
 from hora.job.monitor import Group, Monitor
 from hora.job.outcome import Limits, Outcome
@@ -190,7 +190,6 @@ class Job:
             timeline,
             self.metrics,
             self.output_files,
-            self._growth(attempt, in_place and can.grows_in_place, group, in_place),
             log_callback_only=config.driver_log_verbosity == "log_callback_only",
         )
         payload = self.payload if isinstance(self.payload, bytes) else self.payload()
@@ -203,6 +202,7 @@ class Job:
             in_place=in_place,
             min_np=config.fewest_ranks,
             known_commit=self.controller.known_commit,
+            growth=self._growth(attempt, in_place and can.grows_in_place, group, in_place),
         )
         try:
             return monitor.run(Limits(config.start_timeout, config.timeout, deadline))
@@ -233,7 +233,7 @@ class Job:
         in_place: bool = False,
         group: StartableGroup | None = None,
         shrinks: bool = False,
-    ) -> callbacks.Grow | None:
+    ) -> Growth | None:
         """A watch for returning slots: while the attempt runs below max_np, to grow by a
         restart (while the budget has an attempt left) or, `in_place` (its engine re-forms
         worlds and starts ranks into them), in place (spending none; also after it shrank in
@@ -251,7 +251,7 @@ class Job:
         count = sizer.capacity
         steady = sizer.settle if self._settles else 0.0
         watch = FreeSlots(attempt.np, lambda held: count(held + _spare(group)), steady)
-        return callbacks.Grow(watch, sizer.max_np, restart)
+        return Growth(watch, sizer.max_np, restart)
 
 
 def _spare(group: StartableGroup | None) -> int:

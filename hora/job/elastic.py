@@ -116,6 +116,18 @@ class FreeSlots:
         return self.fired
 
 
+@dataclass
+class Growth:
+    """The growth watch of an elastic attempt below `max_np` (`hora.job.attempt` judges it):
+    its free slots' watch; whether the budget has an attempt left to grow into by a restart;
+    whether the watch fired and new ranks were started in place."""
+
+    watch: FreeSlots
+    max_np: int
+    restart: bool = True
+    in_place: bool = False
+
+
 def resumed(commit: int, size: int, known_commit: int) -> str:
     """What the driver says when an attempt's rank 0 restored commit `commit` (made by `size`
     ranks), the newest it knows of being `known_commit`."""

@@ -4,14 +4,14 @@ Each message names its process (`hora.job.records`): a hello gets the job, a res
 an exit or a closed channel ends a rank's part, and what a running rank reports goes to the
 world (`hora.job.in_place.hear`), the stacks asked for, or the callbacks, naming its rank now.
 Whatever comes from a process the world left is dropped. Nothing here judges the attempt: its
-monitor (`hora.job.monitor`) reads the records at each turn.
+controller (`hora.job.attempt`) reads the records at each turn.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from hora.job import in_place
@@ -20,7 +20,7 @@ from hora.job.elastic import resumed
 from hora.job.failures import Failure, exit_failure
 from hora.job.records import Records
 from hora.job.stacks import Questions, StackRequest
-from hora.job.world import World
+from hora.job.world import ReformWorld, World
 from hora.wire.channel import Connection
 from hora.wire.protocol import (
     EngineFailed,
@@ -50,7 +50,6 @@ class Hearing:
         collect_all: bool,
         names_hosts: bool,
         callbacks: Sequence[MonitorCallback],
-        decided: Callable[[Any], None],
         known_commit: int = -1,
     ) -> None:
         self.records = records
@@ -59,7 +58,6 @@ class Hearing:
         self.collect_all = collect_all
         self.names_hosts = names_hosts
         self.callbacks = tuple(callbacks)
-        self.decided = decided  # carries out what the world decided on a rank's word
         self.known_commit = known_commit  # the newest commit of the run the driver knows of
         self.questions = Questions()  # where the ranks are: for the story, or the user
         self.stall: str | None = None  # rank 0's standing stall warning (the stall inspector)
@@ -81,27 +79,29 @@ class Hearing:
         if answered is not None:
             print(f"hora: {self.stack_report(answered)}", file=sys.stderr, flush=True)
 
-    def __call__(self, conn: Connection | None, message: Any) -> None:
+    def __call__(self, conn: Connection | None, message: Any) -> ReformWorld | None:
         """One message: from a rank (its process named by its id) or its launcher; None: a
-        channel closed. Whatever comes from a process the world left is dropped."""
+        channel closed. Whatever comes from a process the world left is dropped. What the world
+        decided on it, for the attempt's hands (`hora.job.in_place.Hands`)."""
         peer = getattr(conn, "peer", None)
         if peer is not None:
             if self.world.rank_of(peer) is None:
-                return  # a rank lost before its world was re-formed in place
+                return None  # a rank lost before its world was re-formed in place
             self.records.heard(peer)
         pid = getattr(message, "rank", None) if isinstance(message, in_place.FROM_A_RANK) else None
         if pid is not None and self.world.rank_of(pid) is None:
-            return  # from (or about) a rank lost to a re-formed world
+            return None  # from (or about) a rank lost to a re-formed world
         match message:
             case Heartbeat():
-                return  # heard: that is all it says
+                pass  # heard: that is all it says
             case Hello(rank=pid, host=host):
                 assert conn is not None  # a hello only ever arrives on a worker's channel
                 self._hello(conn, pid, host)
             case None | Result() | Error() | Exited() | EngineFailed():
                 self._lifecycle(peer, message)
             case _:
-                self._report(message)
+                return self._report(message)
+        return None
 
     def _lifecycle(self, peer: int | None, message: Any) -> None:
         """How a rank's process ends: its result, its error, its exit, the engine's word, or
@@ -121,32 +121,36 @@ class Hearing:
                 failure = Failure(pid, summary, detail, False, time.time(), subject, by_engine=True)
                 self.records.fail(pid, failure, replace=False)
 
-    def _report(self, message: Any) -> None:
-        """What a running rank says: its output, stalls, resizes and stacks here; the rest (its
-        timeline, metrics, a resume) to the callbacks, naming its rank now."""
-        message = in_place.hear(self.world, message, self.decided)
+    def _report(self, message: Any) -> ReformWorld | None:
+        """What a running rank says: its word on the world to the world (what it decided comes
+        back), its output, stalls, resizes and stacks here; the rest (its timeline, metrics, a
+        resume) to the callbacks, naming its rank now."""
+        message = in_place.hear(self.world, message)
         match message:
             case None:
-                return
+                return None
+            case ReformWorld():
+                return message
             case Output(rank=pid, stream=stream, text=text):
                 self._output(pid, stream, text)
-                return
+                return None
             case Stall(text=text, missing=missing, stopping=stopping):
                 self._stall(text, missing, stopping)
-                return
+                return None
             case Resized(rank=pid, commit=commit):
                 self.records.of(pid).stopped_at = commit
-                return
+                return None
             case Resumed(commit=commit, size=size):
                 said = resumed(commit, size, self.known_commit)
                 print(f"hora: {said}", file=sys.stderr, flush=True)
             case Stacks(rank=pid, text=text):
                 self.questions.answer(self._rank(pid), text)
-                return
+                return None
             case TimelineBatch() | Metrics():
                 message = message._replace(rank=self._rank(message.rank))
         for callback in self.callbacks:
             callback.on_report(message)
+        return None
 
     def _rank(self, pid: int) -> int:
         rank = self.world.rank_of(pid)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from hora import environment, placement
@@ -69,15 +69,15 @@ class ResizedInPlace(NamedTuple):
     why: str
 
 
-def hear(world: World, message: Any, decided: Callable[[Any], None]) -> Any:
-    """The ranks' word on their world (each names its process), to the world (its decisions to
-    `decided`); the record for the callbacks of a `Reformed`; None for nothing more; any other
-    `message` as is."""
+def hear(world: World, message: Any) -> Any:
+    """The ranks' word on their world (each names its process), to the world: what it decided
+    (a `ReformWorld` once every new rank waits), the record for the callbacks of a `Reformed`,
+    None for nothing more; any other `message` as is."""
     match message:
         case InPlace(rank=pid, able=able, grows=grows):
             world.said(pid, able, grows)
         case Joining(rank=pid):
-            decided(world.joined(pid, time.time()))
+            return world.joined(pid, time.time())
         case Formed(rank=pid, generation=generation):
             world.gathered(pid, generation)
         case Reformed(generation=generation, size=size, commit=commit):
@@ -85,6 +85,35 @@ def hear(world: World, message: Any, decided: Callable[[Any], None]) -> Any:
         case _:
             return message
     return None
+
+
+class Hands:
+    """What carries an attempt's decisions out on its ranks (`hands(decision)`): the world's
+    (`group`: the engine's, which starts new ranks), each at once, its record for the
+    `callbacks`. The records are by process: nothing is renamed, the processes the world left
+    are forgotten. A world changed forgets the stall its ranks reported (`hearing`)."""
+
+    def __init__(
+        self, records: Records, group: Any, hearing: Any, callbacks: Sequence[Any] = ()
+    ) -> None:
+        self.records = records
+        self.group = group
+        self.hearing = hearing
+        self.callbacks = tuple(callbacks)
+
+    def __call__(self, decision: Any) -> None:
+        if decision is None:
+            return
+        record = carry_out(self.records, self.group, decision)
+        if not isinstance(decision, StartJoiners):
+            self.hearing.stall, self.hearing.stuck = None, ()  # the world that stalled is gone
+        for callback in self.callbacks if record is not None else ():
+            callback.on_report(record)
+
+    def tell_all(self, message: Any) -> None:
+        """Send `message` to every rank whose channel is still open."""
+        for conn in self.records.connections(open_only=True).values():
+            _send(conn, message)
 
 
 def carry_out(records: Records, group: Any, decision: Any) -> GrowingInPlace | None:

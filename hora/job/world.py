@@ -1,11 +1,12 @@
 """The job's world on the driver: which processes are its ranks, and how it changes in place.
 
-One object and one state machine for an elastic attempt's membership (after torch elastic's
-`WorkerState` and Ray Train v2's controller, whose states return scaling and failure
-decisions): the ranks by process, their hosts, the world's generation, the new ranks on their
-way in. The monitor tells it what happened (a rank started, said whether its `hvd.elastic.run`
-can re-form in place, was lost, waits to join, a world re-formed) and carries out what it
-decides: re-form a world (`ReformWorld`), start new ranks (`StartJoiners`), drop the ranks of a
+The membership's part of an elastic attempt's decisions (after torch elastic's `WorkerState`
+and Ray Train v2's controller, whose states return scaling and failure decisions): the ranks by
+process, their hosts, the world's generation, the new ranks on their way in, and its phase, in
+the attempt's one enum (`hora.job.state.AttemptState`). The attempt's ear and controller
+(`hora.job.hearing`, `hora.job.attempt`) tell it what happened (a rank started, said whether
+its `hvd.elastic.run` can re-form in place, was lost, waits to join, a world re-formed) and
+its hands (`hora.job.in_place.Hands`) carry out what it decides: re-form a world (`ReformWorld`), start new ranks (`StartJoiners`), drop the ranks of a
 growth given up (`Abandon`), or end the attempt so that every rank restarts (`Restart`). It does
 no I/O and reads no clock of its own, so every event can be tried in every state (tests/job).
 
@@ -21,20 +22,10 @@ failed with its own exception (it would fail again) or is only silent (it may li
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-
-class Phase(enum.Enum):
-    """Where the world of one attempt is."""
-
-    STARTING = "starting"  # not every rank has said whether it can re-form in place
-    RUNNING = "running"  # every rank trains in the world of `generation`
-    SHRINKING = "shrinking"  # the survivors of a loss were told their places; until rank 0 says
-    GROWING = "growing"  # new ranks start; once all wait, every rank re-forms with them
-    RESTARTING = "restarting"  # the attempt ends; the driver starts every rank again
-    STOPPING = "stopping"  # the attempt is over (succeeded, failed, stopped to grow by restart)
+from hora.job.state import AttemptState
 
 
 class ReformWorld(NamedTuple):
@@ -117,7 +108,7 @@ class World:
     formed: set[int] = field(default_factory=set)  # ids whose world of `generation` gathered
     #: how long a world ordered may take to say it goes on before the attempt restarts
     confirm_wait: float = float("inf")
-    phase: Phase = Phase.STARTING
+    phase: AttemptState = AttemptState.STARTING
     #: the world ordered and not yet confirmed by its rank 0: (generation, before, why, since)
     pending: tuple[int, int, str, float] | None = None
     next_id: int = 0
@@ -171,8 +162,9 @@ class World:
         (self.able if able else self.cannot).add(pid)
         if not grows:
             self.no_growth.add(pid)
-        if self.phase is Phase.STARTING and all(m in self.able | self.cannot for m in self.members):
-            self.phase = Phase.RUNNING
+        said = self.able | self.cannot
+        if self.phase is AttemptState.STARTING and all(m in said for m in self.members):
+            self.phase = AttemptState.RUNNING
 
     def gathered(self, pid: int, generation: int) -> None:
         """Process `pid`'s world of `generation` gathered: past its rendezvous, a rank lost no
@@ -187,7 +179,7 @@ class World:
         re-form and grow in place (`can_add`: the engine can add ranks); None: grow by a
         restart instead, or not now."""
         if not (
-            self.phase is Phase.RUNNING
+            self.phase is AttemptState.RUNNING
             and can_add
             and self.in_place
             and size > self.size
@@ -199,7 +191,7 @@ class World:
         self.next_id += len(ids)
         self.joiners, self.waiting = ids, set(ids)
         self.deadline, self.grew_at, self.joined_at = now + wait, wall, 0.0
-        self.phase = Phase.GROWING
+        self.phase = AttemptState.GROWING
         joiners = tuple((pid, self.size + i) for i, pid in enumerate(ids))
         why = f"free slots for {size} ranks"
         return StartJoiners(joiners, tuple(self.members), self.generation, why)
@@ -231,7 +223,7 @@ class World:
             self.joined_at = 0.0
         self.pending = None
         self.joiners, self.waiting = [], set()
-        self.phase = Phase.RUNNING
+        self.phase = AttemptState.RUNNING
         return before, why, since
 
     def late(self, now: float, wall: float = 0.0) -> Abandon | Restart | None:
@@ -240,7 +232,7 @@ class World:
         did not go on within `confirm_wait` (a rank stuck in a rendezvous with a lost one):
         the attempt restarts."""
         if self.pending is not None and wall - self.pending[3] > self.confirm_wait:
-            self.phase = Phase.RESTARTING
+            self.phase = AttemptState.FAILING
             return Restart(
                 f"the world re-formed in place as generation {self.pending[0]} did not go on "
                 f"within {self.confirm_wait:g} s (start_timeout)"
@@ -260,7 +252,7 @@ class World:
             decisions.append(self._abandon(f"lost during the growth: {why}"))
         running_lost = [loss for pid, loss in lost.items() if pid in self.members]
         survivors = [m for m in self.members if m not in lost]
-        if self.phase is Phase.STARTING:
+        if self.phase is AttemptState.STARTING:
             return [self._gather_fewer(survivors, why) if self._may_gather(losses, survivors)
                     else self._restart(why)]  # fmt: skip
         if running_lost and not self._may_shrink(running_lost, survivors):
@@ -271,11 +263,11 @@ class World:
 
     def stop(self) -> None:
         """The attempt is over: nothing more is decided."""
-        self.phase = Phase.STOPPING
+        self.phase = AttemptState.STOPPING
 
     # -- the decisions ------------------------------------------------------------------------
     def _restart(self, why: str) -> Restart:
-        self.phase = Phase.RESTARTING
+        self.phase = AttemptState.FAILING
         return Restart(why)
 
     def _may_gather(self, losses: list[Loss], survivors: list[int]) -> bool:
@@ -293,7 +285,7 @@ class World:
         """The survivors of a rank lost as the world gathers gather a smaller one instead (in
         their rendezvous); it is still starting: each says when its run can re-form."""
         order = self._shrink(survivors, 0.0, why)
-        self.pending, self.phase, self.formed = None, Phase.STARTING, set()
+        self.pending, self.phase, self.formed = None, AttemptState.STARTING, set()
         return order
 
     def _may_shrink(self, running_lost: list[Loss], survivors: list[int]) -> bool:
@@ -301,7 +293,7 @@ class World:
         survivors run in an hvd.elastic.run that can re-form."""
         return (
             self.in_place
-            and self.phase is not Phase.STARTING
+            and self.phase is not AttemptState.STARTING
             and len(survivors) >= self.min_np
             and all(loss.gone and not loss.own for loss in running_lost)
             and all(m in self.able for m in survivors)
@@ -313,7 +305,7 @@ class World:
         self.members = survivors
         self.generation += 1
         self.pending = (self.generation, before, why, now)
-        self.phase = Phase.SHRINKING
+        self.phase = AttemptState.SHRINKING
         return self._order(False, tuple(survivors), before, why)
 
     def _abandon(self, why: str) -> Abandon:
@@ -325,7 +317,7 @@ class World:
         self.members = running
         self.gone |= set(ids)
         self.joiners, self.waiting, self.pending = [], set(), None
-        self.phase = Phase.RUNNING
+        self.phase = AttemptState.RUNNING
         return Abandon(ids, ranks, len(running), why)
 
     def _order(self, grow: bool, running: tuple[int, ...], before: int, why: str) -> ReformWorld:

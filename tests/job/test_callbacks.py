@@ -13,10 +13,11 @@ import pytest
 from hora._output_files import OutputFiles
 from hora.errors import WorkerFailedError
 from hora.job import callbacks
-from hora.job.callbacks import AttemptState, MonitorCallback
+from hora.job.callbacks import MonitorCallback
 from hora.job.metrics import MetricsLog
 from hora.job.monitor import Monitor
 from hora.job.outcome import Failed, Finished, Limits
+from hora.job.state import AttemptState
 from hora.timeline import DriverTimeline
 from hora.wire.protocol import Error, Exited, Metrics, Output, Result
 from tests.job._fakes import FakeGroup, hellos, succeeds

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hora.job.state import AttemptState
 from hora.job.world import (
     Abandon,
     Loss,
-    Phase,
     ReformWorld,
     Restart,
     StartJoiners,
@@ -24,7 +24,7 @@ def running(np: int = 4, min_np: int = 2, in_place: bool = True) -> World:
     for pid in range(np):
         assert world.started(pid, f"h{pid % 2}") == pid
         world.said(pid, able=True, grows=True)
-    assert world.phase is Phase.RUNNING
+    assert world.phase is AttemptState.RUNNING
     return world
 
 
@@ -40,9 +40,9 @@ def test_the_world_starts_until_every_rank_said_whether_it_can_re_form():
     world = World(3, 2, in_place=True)
     world.said(0, able=True, grows=True)
     world.said(1, able=False, grows=False)
-    assert world.phase is Phase.STARTING
+    assert world.phase is AttemptState.STARTING
     world.said(2, able=True, grows=True)
-    assert world.phase is Phase.RUNNING
+    assert world.phase is AttemptState.RUNNING
 
 
 def test_a_rank_lost_while_the_first_world_gathers_leaves_a_smaller_one_gathering():
@@ -52,18 +52,18 @@ def test_a_rank_lost_while_the_first_world_gathers_leaves_a_smaller_one_gatherin
     [order] = world.lose([Loss(2, gone=True)], 0.0, "rank 2 failed")
     assert isinstance(order, ReformWorld) and not order.grow
     assert (order.members, order.generation, order.before) == ((0, 1, 3), 1, 4)
-    assert (world.phase, world.pending, world.size) == (Phase.STARTING, None, 3)
+    assert (world.phase, world.pending, world.size) == (AttemptState.STARTING, None, 3)
     assert world.started(3, "h1") == 2  # a survivor that says hello later has its new rank
     for pid in (0, 1, 3):
         world.said(pid, able=True, grows=True)
-    assert world.phase is Phase.RUNNING
+    assert world.phase is AttemptState.RUNNING
 
 
 def test_a_rank_lost_once_a_rank_is_past_the_first_rendezvous_restarts_every_rank():
     world = World(3, 2, in_place=True)
     world.gathered(1, 0)
     assert world.lose([Loss(2, gone=True)], 0.0, "rank 2 failed") == [Restart("rank 2 failed")]
-    assert world.phase is Phase.RESTARTING
+    assert world.phase is AttemptState.FAILING
     world = World(3, 2, in_place=True)
     world.gathered(2, 0)  # the lost rank itself was past it: so may the others be
     assert world.lose([Loss(2, gone=True)], 0.0, "x") == [Restart("x")]
@@ -76,7 +76,7 @@ def test_a_world_ordered_that_does_not_go_on_in_time_restarts():
     assert world.late(now=0.0, wall=105.0) is None
     late = world.late(now=0.0, wall=111.0)
     assert isinstance(late, Restart) and "did not go on within 10 s" in late.why
-    assert world.phase is Phase.RESTARTING
+    assert world.phase is AttemptState.FAILING
 
 
 @pytest.mark.parametrize("lost", [[0], [1], [3], [0, 3], [1, 2]])
@@ -87,12 +87,12 @@ def test_lost_ranks_survivors_re_form_in_their_order_and_keep_their_processes(lo
     survivors = tuple(p for p in range(4) if p not in lost)
     assert order.members == order.running == survivors
     assert order.before == 4  # each survivor's new rank is its place in `members`
-    assert (order.generation, world.phase) == (1, Phase.SHRINKING)
+    assert (order.generation, world.phase) == (1, AttemptState.SHRINKING)
     assert [world.rank_of(p) for p in survivors] == list(range(len(survivors)))
     assert all(world.rank_of(p) is None for p in lost)
     assert world.reformed(0) is None  # an older world's word
     assert world.reformed(1) == (4, "lost", 5.0)
-    assert world.phase is Phase.RUNNING
+    assert world.phase is AttemptState.RUNNING
 
 
 @pytest.mark.parametrize(
@@ -134,7 +134,7 @@ def test_a_growth_starts_new_ranks_then_re_forms_every_rank_with_them():
     world = running(2, 1)
     start = growing(world, 4)
     assert start.joiners == ((2, 2), (3, 3)) and start.running == (0, 1)
-    assert (start.generation, world.phase) == (1, Phase.GROWING)
+    assert (start.generation, world.phase) == (1, AttemptState.GROWING)
     assert world.rank_of(3) == 3 and world.size == 2
     assert world.joined(2, 1.0) is None  # not every new rank waits yet
     order = world.joined(3, 1.0)
@@ -142,7 +142,7 @@ def test_a_growth_starts_new_ranks_then_re_forms_every_rank_with_them():
     assert (order.members, order.running, order.generation) == ((0, 1, 2, 3), (0, 1), 1)
     assert order.hosts == ("h0", "h1", "h9", "h9")
     assert world.reformed(1) is not None
-    assert (world.phase, world.size, world.joiners) == (Phase.RUNNING, 4, [])
+    assert (world.phase, world.size, world.joiners) == (AttemptState.RUNNING, 4, [])
 
 
 def test_a_growth_is_refused_where_a_rank_cannot_grow_or_the_engine_cannot_add():
@@ -151,7 +151,7 @@ def test_a_growth_is_refused_where_a_rank_cannot_grow_or_the_engine_cannot_add()
     assert world.grow(2, can_add=True, now=0, wait=1) is None  # no larger
     world.said(1, able=True, grows=False)
     assert world.grow(3, can_add=True, now=0, wait=1) is None
-    assert world.phase is Phase.RUNNING and world.generation == 0
+    assert world.phase is AttemptState.RUNNING and world.generation == 0
 
 
 def test_a_new_rank_lost_before_it_waits_gives_the_growth_up_and_the_running_ranks_go_on():
@@ -160,7 +160,7 @@ def test_a_new_rank_lost_before_it_waits_gives_the_growth_up_and_the_running_ran
     [abandon] = world.lose([Loss(3, gone=True)], 2.0, "rank 3 failed")
     assert isinstance(abandon, Abandon)
     assert (abandon.ids, abandon.ranks) == ((2, 3), (2, 3))
-    assert (world.phase, world.members, world.size) == (Phase.RUNNING, [0, 1], 2)
+    assert (world.phase, world.members, world.size) == (AttemptState.RUNNING, [0, 1], 2)
     assert world.rank_of(2) is None and world.started(2, "h9") is None  # ends itself
     again = growing(world, 3)  # a later growth: new ids, a newer world
     assert again.joiners == ((4, 2),) and again.generation == 2
@@ -172,7 +172,7 @@ def test_new_ranks_that_are_late_give_the_growth_up():
     assert world.late(now=59.0) is None
     abandon = world.late(now=61.0)
     assert isinstance(abandon, Abandon) and abandon.ids == (2,)
-    assert world.phase is Phase.RUNNING
+    assert world.phase is AttemptState.RUNNING
 
 
 def test_a_running_rank_lost_while_new_ranks_start_shrinks_without_them():
@@ -255,7 +255,7 @@ def test_random_events_keep_the_world_whole(np, min_np, in_place, events):
         before, joiners = list(world.members), list(world.joiners)
         decisions, lost = _apply(world, kind, args, clock, used)
         if any(isinstance(d, Restart) for d in decisions):
-            assert world.phase is Phase.RESTARTING
+            assert world.phase is AttemptState.FAILING
             return
         for decision in decisions:
             # a world that may not re-form in place only ever restarts
