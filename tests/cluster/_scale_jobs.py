@@ -1,9 +1,14 @@
 """The 8-host cluster's shape (tests/cluster/test_scale.py, test_scale_ray.py) and what its ranks
 run: one job that checks every op kind on the hierarchical path and then trains, so that 32
-ranks start once for both (each start is 32 torch imports on this machine's 2 cores)."""
+ranks start once for both (each start is 32 torch imports on this machine's 2 cores); on Spark
+that job's first world goes on to the elastic run (`every_op_then_elastic`), for the same
+reason."""
 
 from __future__ import annotations
 
+import os
+import pickle
+from pathlib import Path
 from typing import Any
 
 from tests.cluster import _jobs
@@ -64,3 +69,24 @@ def every_op_then_train() -> dict[str, Any]:
     ops = _every_op.every_op()
     trained = _jobs.train()
     return trained | {"ops": ops}
+
+
+FIRST_WORLD = "first-world-{rank}.pickle"  # in the elastic plan's folder
+
+
+def every_op_then_elastic(plan: Any) -> dict[str, Any]:
+    """In the job's first world, `every_op_then_train` on every rank, its result written to the
+    plan's folder (the host lost later takes its ranks' results with it); then the elastic run
+    (`tests.elastic._jobs.train`), which a rank started to grow the world joins directly."""
+    from tests.elastic import _jobs as _elastic
+
+    if not int(os.environ.get("HORA_WORLD_GENERATION") or 0):  # not a joiner of a later world
+        first = every_op_then_train()
+        path = Path(plan.folder, FIRST_WORLD.format(rank=first["where"]["RANK"]))
+        path.write_bytes(pickle.dumps(first))
+    return _elastic.train(plan)
+
+
+def first_world(folder: str) -> list[dict[str, Any]]:
+    """`every_op_then_train`'s results of `every_op_then_elastic`'s first world, in rank order."""
+    return [pickle.loads(Path(folder, FIRST_WORLD.format(rank=r)).read_bytes()) for r in range(NP)]

@@ -1,17 +1,19 @@
 """hora at real scale on Spark standalone: 8 namespaced hosts x 4 slots, 32 ranks (issue 45).
 
-One cluster for the module, and two jobs:
+One cluster for the module, and one job of 32 ranks (each start of 32 ranks is 32 torch imports
+on this machine's 2 cores, about 35 s), elastic: np=32, min_np=28, max_np=32.
 
-- np=32: every op kind (allreduce in its forms, allgather, broadcast, alltoall, reducescatter, a
-  process set, join) checked on every rank on the hierarchical path (shared memory within each
-  host, gloo across the 8), the ranks numbered host by host; then hora.torch's
-  DistributedOptimizer trains, and every rank ends with the weights of one process.
-- an elastic run, np=32, min_np=28, max_np=32: host 8 (the last rank's) is killed mid-epoch, the
-  28 ranks of hosts 1-7 re-form in place in their processes; host 8 comes back, 4 new tasks
-  join and the run grows back to 32 in place; every sample of every epoch once, the weights
-  those of one process. The loss's and the return's figures are noted (not asserted: this
-  machine is shared): the first step at 28 ranks after the kill, the first step at 32 after
-  host 8's worker registered again, and the driver's own breakdown of the growth.
+- Its first world: every op kind (allreduce in its forms, allgather, broadcast, alltoall,
+  reducescatter, a process set, join) checked on every rank on the hierarchical path (shared
+  memory within each host, gloo across the 8), the ranks numbered host by host; then
+  hora.torch's DistributedOptimizer trains, and every rank ends with the weights of one process.
+  Each rank writes what it found to the test's folder before the fault below.
+- Then the elastic run: host 8 (the last rank's) is killed mid-epoch, the 28 ranks of hosts 1-7
+  re-form in place in their processes; host 8 comes back, 4 new tasks join and the run grows
+  back to 32 in place; every sample of every epoch once, the weights those of one process. The
+  loss's and the return's figures are noted (not asserted: this machine is shared): the first
+  step at 28 ranks after the kill, the first step at 32 after host 8's worker registered again,
+  and the driver's own breakdown of the growth.
 
 At this size the negotiation is a tree two levels deep (HORA_NEGOTIATION_FANOUT 8) and gloo
 connects its pairs on first use (TORCH_GLOO_LAZY_INIT).
@@ -19,9 +21,13 @@ connects its pairs on first use (TORCH_GLOO_LAZY_INIT).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +38,7 @@ from tests.cluster import _scale_jobs
 from tests.cluster._checks import (
     Watcher,
     assert_trained_like_one_process,
+    placement_table,
 )
 from tests.cluster._cluster import Cluster
 from tests.cluster.conftest import (
@@ -43,7 +50,8 @@ from tests.cluster.conftest import (
 )
 from tests.elastic import _jobs as _elastic
 
-pytestmark = [pytest.mark.cluster, pytest.mark.spark]
+# the job, in the first test's setup, takes minutes on 2 cores
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.timeout(900)]
 
 HOSTS, CORES, NP = _scale_jobs.HOSTS, _scale_jobs.CORES, _scale_jobs.NP
 SMALL = NP - CORES  # a host lost
@@ -58,21 +66,88 @@ def cluster() -> Iterator[Cluster]:
         yield found
 
 
+@dataclass
+class Run:
+    """What the one job left: its first world's every-op and training results (rank order), the
+    elastic run's results and plan, what the driver printed, the host lost, the fault's times."""
+
+    first: list[dict[str, Any]]
+    results: list[dict[str, Any]]
+    plan: _elastic.Plan
+    err: str
+    lost: str
+    times: dict[str, float]
+
+
 @pytest.fixture(scope="module")
-def every_op_and_trained(cluster) -> list[dict[str, Any]]:
-    return _scale_jobs.run_every_op_then_train("spark", JOB_TIMEOUT)
+def run(cluster, tmp_path_factory) -> Run:
+    folder = tmp_path_factory.mktemp("scale")
+    plan = _elastic.Plan(
+        str(folder),
+        full=NP,
+        samples=NP * 4 * 4,  # 4 steps of 4 samples a rank per epoch at 32 ranks
+        epochs=2,
+        fault="host",
+        fault_commit=1,
+        wait_for_return=True,
+        step_seconds=0.05,
+    )
+    fault = HostFault(cluster, folder)
+    killer, returner = fault.watchers()
+    said = io.StringIO()
+    try:
+        with (
+            pytest.MonkeyPatch.context() as env,
+            contextlib.redirect_stderr(_Tee(sys.stderr, said)),
+            killer,
+            returner,
+            timed(f"scale: every op, then training, then elastic np={NP}, host lost and back"),
+        ):
+            env.setenv("HORA_ELASTIC_SETTLE_SECONDS", SETTLE)
+            results = hora.run(
+                _scale_jobs.every_op_then_elastic,
+                (plan,),
+                np=NP,
+                min_np=SMALL,
+                max_np=NP,
+                backend="spark",
+                timeout=JOB_TIMEOUT,
+            )
+    finally:
+        make_whole(cluster)
+    first = _scale_jobs.first_world(plan.folder)
+    note(f"scale spark placement: {placement_table([r['where'] for r in first])}")
+    mean = first[0]["ops"]["allreduce_s"] * 1000
+    note(f"  scale spark: an allreduce of 4 KB at {NP} ranks {mean:.1f} ms (rank 0's mean)")
+    return Run(first, results, plan, said.getvalue(), killer.value, fault.times)
 
 
-def test_32_ranks_are_numbered_host_by_host(every_op_and_trained):
-    _scale_jobs.assert_numbered_host_by_host([r["where"] for r in every_op_and_trained])
+class _Tee(io.TextIOBase):
+    """Writes to both streams: what the driver prints is kept and still shown."""
+
+    def __init__(self, *streams: Any) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
 
 
-def test_every_op_gives_the_right_result_on_the_hierarchical_path(every_op_and_trained):
-    _scale_jobs.assert_every_op_right(every_op_and_trained)
+def test_32_ranks_are_numbered_host_by_host(run):
+    _scale_jobs.assert_numbered_host_by_host([r["where"] for r in run.first])
 
 
-def test_distributed_optimizer_on_32_ranks_equals_one_process(every_op_and_trained):
-    assert_trained_like_one_process(every_op_and_trained)
+def test_every_op_gives_the_right_result_on_the_hierarchical_path(run):
+    _scale_jobs.assert_every_op_right(run.first)
+
+
+def test_distributed_optimizer_on_32_ranks_equals_one_process(run):
+    assert_trained_like_one_process(run.first)
 
 
 # ----- a host lost and back, in place -----------------------------------------------------------
@@ -111,41 +186,11 @@ class HostFault:
         )
 
 
-@pytest.mark.timeout(900)
-def test_a_lost_host_re_forms_in_place_and_grows_back_in_place(
-    cluster, tmp_path, capfd, monkeypatch
-):
-    monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", SETTLE)
-    plan = _elastic.Plan(
-        str(tmp_path),
-        full=NP,
-        samples=NP * 4 * 4,  # 4 steps of 4 samples a rank per epoch at 32 ranks
-        epochs=2,
-        fault="host",
-        fault_commit=1,
-        wait_for_return=True,
-        step_seconds=0.05,
-    )
-    fault = HostFault(cluster, tmp_path)
-    killer, returner = fault.watchers()
-    try:
-        with killer, returner, timed(f"scale: elastic np={NP}, host lost and back"):
-            results = hora.run(
-                _elastic.train,
-                (plan,),
-                np=NP,
-                min_np=SMALL,
-                max_np=NP,
-                backend="spark",
-                timeout=JOB_TIMEOUT,
-            )
-    finally:
-        make_whole(cluster)
-    err = capfd.readouterr().err
+def test_a_lost_host_re_forms_in_place_and_grows_back_in_place(run):
+    plan, results, err, lost = run.plan, run.results, run.err, run.lost
     _steps, worlds = _elastic.check_trained_once(plan, results, atol=1e-9)
     assert worlds == [NP, SMALL, NP], worlds
     logs = _elastic.check_in_place(plan.folder, results, small=SMALL)
-    lost = killer.value
     assert {r["host"] for r in results[SMALL:]} == {lost}, [r["host"] for r in results]
     assert "hora: restarting" not in err and "hora: resizing from" not in err, err
     assert re.search(rf"hora: resizing in place from {NP} to {SMALL} ranks \(lost {lost}: ", err)
@@ -156,7 +201,7 @@ def test_a_lost_host_re_forms_in_place_and_grows_back_in_place(
         err,
     )
     assert grew, err
-    _note_figures(lost, logs, fault.times, grew.groups())
+    _note_figures(lost, logs, run.times, grew.groups())
 
 
 def _first_step(logs: dict, life: tuple[int, int]) -> float:

@@ -21,7 +21,9 @@ import hora
 from hora.errors import WorkerFailedError
 from tests.collectives import _cases
 
-SIZES = (2, 3)
+#: The failure jobs' world sizes: 3 ranks, so that the survivors are the coordinator (rank 0)
+#: and a rank that is not (at 2 ranks rank 0 alone survives: nothing more is seen there)
+SIZES = (3,)
 
 
 class Job(NamedTuple):
@@ -31,10 +33,11 @@ class Job(NamedTuple):
     fanout: int = 0  # HORA_NEGOTIATION_FANOUT (0: the default, a star at these sizes)
 
 
-# One host uses shared memory for allreduce; ranks that pretend to sit on several hosts take the
-# hierarchical path: every local rank across hosts (2 x 2), or one leader per host (2 + 1).
+# One host uses shared memory for allreduce (at 3 ranks: the even and odd ranks' cases differ in
+# count, and at 2 ranks gloo's path is the one without it); ranks that pretend to sit on several
+# hosts take the hierarchical path: every local rank across hosts (2 x 2), or one leader per host
+# (2 + 1). Each job is a start of its ranks (seconds on 2 cores: the suite's budget).
 JOBS = {
-    "np2-shm1": Job(2, "1"),
     "np3-shm1": Job(3, "1"),
     "np2-shm0": Job(2, "0"),
     "hosts2x2": Job(4, "1", (2, 2)),

@@ -1,5 +1,6 @@
-"""One hora job per world size serves every test of tests/tensorflow (TensorFlow's import costs
-seconds per process): each rank runs the conformance cases and the Horovod-style session."""
+"""One hora job per world size (`session.SIZES`: 3 ranks) serves every test of tests/tensorflow
+(TensorFlow's import costs seconds per process): each rank runs the conformance cases and the
+Horovod-style session."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""A Horovod user's TensorFlow and Keras pytest session, run unchanged in every rank of a 2-rank
-and a 3-rank job.
+"""A Horovod user's TensorFlow and Keras pytest session, run unchanged in every rank of a 3-rank
+job (`session.SIZES`).
 
 `horovodrun -np N pytest test_tensorflow.py test_tensorflow2_keras.py` runs one pytest session
 per rank: every op eagerly and inside `tf.function`, the tests that expect Horovod's tf.errors

@@ -1,7 +1,8 @@
-"""hora.tensorflow and hora.tensorflow.keras on real ranks (2 and 3), launched by hora.run.
+"""hora.tensorflow and hora.tensorflow.keras on 3 real ranks (`session.SIZES`), launched by
+hora.run.
 
-TensorFlow's import costs seconds per process, so one job per world size (conftest.py, shared
-with the Horovod-style session) runs every case of `_cases` inside the ranks, and each test below
+TensorFlow's import costs seconds per process, so one job (conftest.py, shared with the
+Horovod-style session) runs every case of `_cases` inside the ranks, and each test below
 asserts one case on every rank.
 """
 
