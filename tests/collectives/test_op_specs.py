@@ -13,8 +13,8 @@ import pytest
 import hora.collectives
 from hora.collectives import ops
 from hora.collectives._data.op_spec import FRAMEWORKS
-from hora.collectives._forms import Form
 from hora.collectives._data.registry import OPS, PER_RANK_KINDS, faces
+from hora.collectives._forms import Form
 from hora.collectives._messages import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, Request
 
 COLLECTIVES = Path(hora.collectives.__file__).parent
