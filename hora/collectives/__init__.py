@@ -23,6 +23,7 @@ pointing down: front -> control -> data -> the shared words):
                        rank's `relay`, the sockets' `channel`)
   ops                  each op's face: its request with every argument explicit (`submit_*`),
                        Horovod's async, in-place and grouped forms; synchronize, join
+  _forms               how `ops` makes those forms from one request per op, by their names
   framework            what else a framework API builds on (op resolution, errors, the names
                        each op has in each framework: `op_faces`)
   _basics              init/shutdown, ranks and sizes, dynamic process sets

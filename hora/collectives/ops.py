@@ -1,6 +1,7 @@
 """Each collective op's face, framework-neutral: its request with every argument explicit
 (`submit_*`, which the frameworks build their differentiable forms on: hora.torch._autograd,
-hora.tensorflow) and Horovod's async, in-place and grouped forms.
+hora.tensorflow) and Horovod's async, in-place and grouped forms, made by `_forms` from one
+request per op under the names its spec lists.
 
 Every call builds a request (name, shapes, dtypes, op) and hands it to the collective loop, which
 negotiates it by name with the other ranks; the sync forms are `synchronize(*_async(...))`. The
@@ -29,6 +30,13 @@ from hora.collectives._control.requests import Tensors, first, group_of, submit
 from hora.collectives._control.sparse import SparseHandle
 from hora.collectives._control.submissions import Op
 from hora.collectives._data.local_op import LocalOp
+from hora.collectives._forms import (
+    Form,
+    grouped_handle_form,
+    grouped_in_place_form,
+    handle_form,
+    in_place_form,
+)
 from hora.collectives._messages import (
     ALLGATHER,
     ALLREDUCE,
@@ -74,55 +82,8 @@ def submit_allreduce(
     )
 
 
-def allreduce_async(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start an out-of-place allreduce; `synchronize(handle)` returns the reduced tensor."""
-    op = resolve_op(average, op)
-    return submit_allreduce(
-        [tensor], name, op, prescale_factor, postscale_factor, process_set, False, False
-    )
-
-
-def allreduce_async_(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start an in-place allreduce: `tensor` holds the result once the handle completes."""
-    op = resolve_op(average, op)
-    return submit_allreduce(
-        [tensor], name, op, prescale_factor, postscale_factor, process_set, True, False
-    )
-
-
-def allreduce_(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Reduce `tensor` in place and return it (the same object)."""
-    op = resolve_op(average, op)  # here, so a deprecation warning names the caller's line
-    return synchronize(
-        allreduce_async_(tensor, None, name, op, prescale_factor, postscale_factor, process_set)
-    )
-
-
-def grouped_allreduce_async(
+def _allreduce(
+    form: Form,
     tensors: Tensors,
     average: bool | None = None,
     name: str | None = None,
@@ -131,45 +92,44 @@ def grouped_allreduce_async(
     postscale_factor: float = 1.0,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    """Start one fused allreduce of a list; the handle yields a list of tensors."""
-    op = resolve_op(average, op)
+    """Horovod's allreduce forms; `average=` is the deprecated spelling of `op=`."""
+    op = resolve_op(average, op, stacklevel=4)  # the caller of the form, past `_forms`
     return submit_allreduce(
-        list(tensors), name, op, prescale_factor, postscale_factor, process_set, False, True
+        tensors,
+        name,
+        op,
+        prescale_factor,
+        postscale_factor,
+        process_set,
+        form.inplace,
+        form.grouped,
     )
 
 
-def grouped_allreduce_async_(
-    tensors: Tensors,
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """In-place form of `grouped_allreduce_async`."""
-    op = resolve_op(average, op)
-    return submit_allreduce(
-        list(tensors), name, op, prescale_factor, postscale_factor, process_set, True, True
-    )
-
-
-def grouped_allreduce_(
-    tensors: Tensors,
-    average: bool | None = None,
-    name: str | None = None,
-    op: int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> list[torch.Tensor]:
-    """Reduce a list in place; returns the same tensor objects."""
-    op = resolve_op(average, op)  # here, so a deprecation warning names the caller's line
-    return synchronize(
-        grouped_allreduce_async_(
-            tensors, None, name, op, prescale_factor, postscale_factor, process_set
-        )
-    )
+allreduce_async = handle_form(
+    _allreduce,
+    "allreduce_async",
+    "Start an out-of-place allreduce; `synchronize(handle)` returns the reduced tensor.",
+)
+allreduce_async_ = handle_form(
+    _allreduce,
+    "allreduce_async_",
+    "Start an in-place allreduce: `tensor` holds the result once the handle completes.",
+)
+allreduce_ = in_place_form(
+    _allreduce, "allreduce_", "Reduce `tensor` in place and return it (the same object)."
+)
+grouped_allreduce_async = grouped_handle_form(
+    _allreduce,
+    "grouped_allreduce_async",
+    "Start one fused allreduce of a list; the handle yields a list of tensors.",
+)
+grouped_allreduce_async_ = grouped_handle_form(
+    _allreduce, "grouped_allreduce_async_", "In-place form of `grouped_allreduce_async`."
+)
+grouped_allreduce_ = grouped_in_place_form(
+    _allreduce, "grouped_allreduce_", "Reduce a list in place; returns the same tensor objects."
+)
 
 
 # ----- allgather -------------------------------------------------------------------------------
@@ -196,17 +156,21 @@ def _need_dimensions(tensors: Tensors, what: str) -> None:
             raise ValueError(f"{what} needs tensors of at least one dimension")
 
 
-def allgather_async(
-    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
+def _allgather(
+    form: Form,
+    tensors: Tensors,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
 ) -> int:
-    """Start an allgather (concatenation on dim 0; dim 0 may differ between ranks)."""
-    return submit_allgather([tensor], name, process_set, False)
+    return submit_allgather(tensors, name, process_set, form.grouped)
 
 
-def grouped_allgather_async(
-    tensors: Tensors, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> int:
-    return submit_allgather(list(tensors), name, process_set, True)
+allgather_async = handle_form(
+    _allgather,
+    "allgather_async",
+    "Start an allgather (concatenation on dim 0; dim 0 may differ between ranks).",
+)
+grouped_allgather_async = grouped_handle_form(_allgather, "grouped_allgather_async", None)
 
 
 # ----- sparse allreduce ------------------------------------------------------------------------
@@ -237,34 +201,28 @@ def submit_broadcast(
     return submit(BROADCAST, [tensor], name, process_set, inplace=inplace, finish=first, root=root)
 
 
-def broadcast_async(
-    tensor: torch.Tensor,
+def _broadcast(
+    form: Form,
+    tensors: Tensors,
     root_rank: int,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    """Start an out-of-place broadcast from global rank `root_rank`; the source stays untouched."""
-    return submit_broadcast(tensor, root_rank, name, process_set, False)
+    (tensor,) = tensors
+    return submit_broadcast(tensor, root_rank, name, process_set, form.inplace)
 
 
-def broadcast_async_(
-    tensor: torch.Tensor,
-    root_rank: int,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start an in-place broadcast: `tensor` receives the root's values."""
-    return submit_broadcast(tensor, root_rank, name, process_set, True)
-
-
-def broadcast_(
-    tensor: torch.Tensor,
-    root_rank: int,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Broadcast in place and return `tensor`."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+broadcast_async = handle_form(
+    _broadcast,
+    "broadcast_async",
+    "Start an out-of-place broadcast from global rank `root_rank`; the source stays untouched.",
+)
+broadcast_async_ = handle_form(
+    _broadcast,
+    "broadcast_async_",
+    "Start an in-place broadcast: `tensor` receives the root's values.",
+)
+broadcast_ = in_place_form(_broadcast, "broadcast_", "Broadcast in place and return `tensor`.")
 
 
 # ----- alltoall --------------------------------------------------------------------------------
@@ -319,14 +277,22 @@ def _first_of_first(outputs: list[Any]) -> Any:
     return outputs[0][0]
 
 
-def alltoall_async(
-    tensor: torch.Tensor,
+def _alltoall(
+    form: Form,
+    tensors: Tensors,
     splits: torch.Tensor | None = None,
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    """Start an alltoall: rows `splits[i]` go to rank i of the set (even split when None)."""
+    (tensor,) = tensors
     return submit_alltoall(tensor, splits, name, process_set, splits is not None)
+
+
+alltoall_async = handle_form(
+    _alltoall,
+    "alltoall_async",
+    "Start an alltoall: rows `splits[i]` go to rank i of the set (even split when None).",
+)
 
 
 # ----- reducescatter ---------------------------------------------------------------------------
@@ -359,21 +325,8 @@ def submit_reducescatter(
     )
 
 
-def reducescatter_async(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    op: int = Average,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start a reducescatter: reduce, then rank i keeps the i-th block of rows."""
-    return submit_reducescatter(
-        [tensor], name, op, prescale_factor, postscale_factor, process_set, False
-    )
-
-
-def grouped_reducescatter_async(
+def _reducescatter(
+    form: Form,
     tensors: Tensors,
     name: str | None = None,
     op: int = Average,
@@ -382,8 +335,18 @@ def grouped_reducescatter_async(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     return submit_reducescatter(
-        list(tensors), name, op, prescale_factor, postscale_factor, process_set, True
+        tensors, name, op, prescale_factor, postscale_factor, process_set, form.grouped
     )
+
+
+reducescatter_async = handle_form(
+    _reducescatter,
+    "reducescatter_async",
+    "Start a reducescatter: reduce, then rank i keeps the i-th block of rows.",
+)
+grouped_reducescatter_async = grouped_handle_form(
+    _reducescatter, "grouped_reducescatter_async", None
+)
 
 
 # ----- synchronisation -------------------------------------------------------------------------

@@ -19,7 +19,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from hora import environment
 from hora.data import _order, _plan
@@ -27,7 +26,7 @@ from hora.data._batch import BatchMaker, Transform
 from hora.data._columns import ARRAY, ColumnError, check_selected
 from hora.data._device import Feeder, PinnedPool, to_device
 from hora.data._reader import Reader
-from hora.data._rows import joined
+from hora.data._rows import batches_of
 from hora.data._work import Job
 from hora.data._workers import WorkerPool, default_workers
 
@@ -295,7 +294,7 @@ class Loader:
             budget=budget,
         )
         try:
-            tables = _cut_batches(reader.tables(), sizes[self.rank])
+            tables = batches_of(reader.tables(), sizes[self.rank])
             for step, table in enumerate(tables):
                 yield _order.left_after(shares, sizes, step + 1), self._make(table)
         finally:
@@ -352,21 +351,6 @@ class Loader:
                 self._feeding = None
 
 
-def _cut_batches(
-    tables: Iterator[tuple[int, pa.Table]], sizes: Sequence[int]
-) -> Iterator[pa.Table]:
-    """The reader's tables cut into batches of `sizes` rows."""
-    pending: list[pa.Table] = []
-    held = 0
-    for size in sizes:
-        while held < size:
-            _, table = next(tables)
-            pending.append(table)
-            held += table.num_rows
-        batch, pending, held = _cut(pending, size, held)
-        yield batch
-
-
 def _row_groups(dataset: Files, plan: _plan.Plan, runs: Sequence[_plan.Run]) -> str:
     """The row groups a batch's rows come from, as an error names them."""
     rows = [p.rows for p in dataset.pieces]
@@ -379,21 +363,6 @@ def _row_groups(dataset: Files, plan: _plan.Plan, runs: Sequence[_plan.Run]) -> 
 def _unit_groups(dataset: Files, plan: _plan.Plan, unit: int) -> str:
     """The row groups of a unit, as an error names them."""
     return dataset.named(plan.units[unit].pieces)
-
-
-def _cut(pending: list[pa.Table], size: int, held: int) -> tuple[pa.Table, list[pa.Table], int]:
-    """The first `size` rows of the pending tables as one table, and what is left."""
-    parts, rest, taken = [], [], 0
-    for table in pending:
-        if taken >= size:
-            rest.append(table)
-            continue
-        use = min(size - taken, table.num_rows)
-        parts.append(table.slice(0, use))
-        if use < table.num_rows:
-            rest.append(table.slice(use))
-        taken += use
-    return joined(parts), rest, held - size
 
 
 def _tensor(torch: Any, value: Any) -> Any:

@@ -1,9 +1,10 @@
 """Rows of Arrow tables, gathered and joined the same way wherever a batch is made (the rank's
-reader thread, a worker): so that both give the same batches, bit for bit."""
+reader thread, a worker): so that both give the same batches, bit for bit; and the reader's
+tables cut into the rank's batches."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -96,3 +97,31 @@ def _plain_lists(table: pa.Table) -> pa.Table:
             plain = table.column(index).cast(pa.list_(field.type.value_type))
             table = table.set_column(index, field.name, plain)
     return table
+
+
+def batches_of(tables: Iterator[tuple[int, pa.Table]], sizes: Sequence[int]) -> Iterator[pa.Table]:
+    """The reader's tables (`Reader.tables`) cut into batches of `sizes` rows, in order."""
+    pending: list[pa.Table] = []
+    held = 0
+    for size in sizes:
+        while held < size:
+            _, table = next(tables)
+            pending.append(table)
+            held += table.num_rows
+        batch, pending, held = _cut(pending, size, held)
+        yield batch
+
+
+def _cut(pending: list[pa.Table], size: int, held: int) -> tuple[pa.Table, list[pa.Table], int]:
+    """The first `size` rows of the pending tables as one table, and what is left."""
+    parts, rest, taken = [], [], 0
+    for table in pending:
+        if taken >= size:
+            rest.append(table)
+            continue
+        use = min(size - taken, table.num_rows)
+        parts.append(table.slice(0, use))
+        if use < table.num_rows:
+            rest.append(table.slice(use))
+        taken += use
+    return joined(parts), rest, held - size

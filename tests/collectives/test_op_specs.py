@@ -4,14 +4,17 @@ the specs, so the modules that hold the tables name no op."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 
 import hora.collectives
+from hora.collectives import ops
 from hora.collectives._data.op_spec import FRAMEWORKS
 from hora.collectives._data.registry import OPS, PER_RANK_KINDS, faces
+from hora.collectives._forms import Form
 from hora.collectives._messages import ALLGATHER, ALLREDUCE, ALLTOALL, BARRIER, BROADCAST, Request
 
 COLLECTIVES = Path(hora.collectives.__file__).parent
@@ -25,6 +28,7 @@ TABLES = (
     "_data/execute.py",
     "_data/registry.py",
     "_data/op_spec.py",
+    "_forms.py",
     "framework.py",
     "__init__.py",
 )
@@ -98,3 +102,39 @@ def test_horovods_import_path_of_mpi_ops() -> None:
     mpi_ops = importlib.import_module("hora.torch.mpi_ops")
     assert Path(mpi_ops.__file__).name == "mpi_ops.py"
     assert callable(mpi_ops.reducescatter) and callable(mpi_ops.allreduce_async)
+
+
+def test_each_form_is_named_by_its_spec_and_shows_its_request_s_parameters() -> None:
+    """The forms `_forms` makes read as hand-written ones: name, signature, module."""
+    made = ops.grouped_allreduce_async_
+    assert (made.__name__, made.__qualname__, made.__module__) == (
+        "grouped_allreduce_async_",
+        "grouped_allreduce_async_",
+        "hora.collectives.ops",
+    )
+    assert list(inspect.signature(made).parameters) == [
+        "tensors",
+        "average",
+        "name",
+        "op",
+        "prescale_factor",
+        "postscale_factor",
+        "process_set",
+    ]
+    signature = inspect.signature(ops.broadcast_)
+    assert [(p.name, p.annotation) for p in signature.parameters.values()][:3] == [
+        ("tensor", "torch.Tensor"),
+        ("root_rank", "int"),
+        ("name", "str | None"),
+    ]
+    assert signature.return_annotation == "torch.Tensor"
+    assert Form.named("allreduce_async_", grouped=False, waits=False) == Form(False, True)
+
+
+@pytest.mark.parametrize(
+    "name, grouped, waits",
+    [("allreduce", False, False), ("allreduce_async", True, False), ("broadcast_", False, False)],
+)
+def test_a_form_its_spec_does_not_name_is_refused(name: str, grouped: bool, waits: bool) -> None:
+    with pytest.raises(ValueError, match=repr(name)):
+        Form.named(name, grouped=grouped, waits=waits)

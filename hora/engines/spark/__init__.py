@@ -1,6 +1,7 @@
 """The Spark engine: one barrier stage of `np` tasks on the active SparkSession, one rank per task.
 
 - `launcher`: the launcher on the driver (the stage, the supervisors' rendezvous, stopping).
+- `capacity`: how many ranks the cluster could run now (an elastic run's sizing).
 - `session`: the active session, classic or Spark Connect (`Session`: what the engine needs of
   it), and the one `hora run --backend spark` starts.
 - `classic`, `connect`: the stage on each kind of session (an RDD barrier stage; a barrier
@@ -45,7 +46,7 @@ ENGINE = Engine(
     check_options=check_options,
     cli_session="hora.engines.spark.session:cli_session",
     session_options=("remote",),
-    capacity="hora.engines.spark.launcher:capacity",
+    capacity="hora.engines.spark.capacity:capacity",
     rank_setup="hora.engines.spark.task_context:rank_setup",
     summary="one barrier stage on a SparkSession (built from spark-defaults / PYSPARK_SUBMIT_ARGS, "
     "or a Spark Connect session with --remote / SPARK_REMOTE)",

@@ -72,26 +72,12 @@ from hora.engines.spark import checks as _spark_checks
 from hora.engines.spark import entry as _spark_entry
 from hora.engines.spark import failures as _spark_failures
 from hora.engines.spark import shipping as _spark_shipping
+from hora.engines.spark.options import task_gpu_counts
 from hora.engines.spark.session import active_session
 from hora.engines.spark.task import TaskSpec
 from hora.engines.spark.task_ranks import TaskRanks
 
 CANCEL_WAIT_SECONDS = 5.0
-
-
-def capacity(spec: AttemptSpec, held: int) -> int:
-    """The task slots of the live executors (Spark's own count, busy slots included, so `held`
-    is in it already): how many ranks a barrier stage could have now."""
-    session = active_session()
-    if session is None:
-        return 0
-    if session.kind == "connect":
-        raise ValueError(
-            "an elastic run (min_np/max_np) sizes itself by the cluster's free task slots, which "
-            "a Spark Connect client cannot count; run it from a classic SparkSession, or use "
-            "max_restarts"
-        )
-    return _spark_checks.concurrent_slots(session, spec.options["gpu_resource"]) or 0
 
 
 class SparkLauncher(Launcher):
@@ -112,7 +98,7 @@ class SparkLauncher(Launcher):
         _spark_checks.check_dynamic_allocation(session)
         self.use_gpu = _spark_checks.resolve_use_gpu(session, spec.use_gpu, resource)
         self.gpu_resource = resource if self.use_gpu else None
-        self.gpu_counts = _gpu_counts(options["task_gpu_counts"], spec.np)
+        self.gpu_counts = task_gpu_counts(options["task_gpu_counts"], spec.np)
         self.python = _spark_checks.python_for_tasks(session)
         # On other machines the ranks cannot import the driver's own modules; a Python that
         # Spark chooses may lack hora: hora ships itself then (`engines.ships`).
@@ -260,9 +246,8 @@ class SparkLauncher(Launcher):
             return
         if task in self._tasks or self._stopping.is_set():
             # Spark re-attempted a task or the whole stage: never train the same rank twice.
-            if (
-                self.capabilities.reforms_in_place
-            ):  # a lost rank's task: its loss is reported already
+            # an elastic run's lost rank's task: its loss is reported already
+            if self.capabilities.reforms_in_place:
                 with contextlib.suppress(OSError):
                     conn.send(Refuse("its rank was lost; the others went on without it"))
                 return
@@ -292,15 +277,9 @@ class SparkLauncher(Launcher):
     def _start_ranks(self) -> None:
         """Every task is up: number the ranks host by host (as Horovod and torchrun do) and
         tell each task its rank and the plan."""
-        order = self._ranks_of_tasks.start(list(range(self._np)))
+        ranks, order = self._ranks_of_tasks.start(list(range(self._np)), self.gpu_counts)
         self._rank_of = {task: rank for rank, task in enumerate(order)}
         self._planned = True
-        ranks = [self._tasks[task] for task in order]
-        if self.gpu_counts is not None:  # each rank gets the first GPUs of its task, only those
-            ranks = [
-                {**r, "gpus": r["gpus"][: self.gpu_counts[task]]}
-                for r, task in zip(ranks, order, strict=True)
-            ]
         plan = Plan(
             ranks=ranks,
             master=self._master,
@@ -415,9 +394,3 @@ def _join_all(threads: list[threading.Thread], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))
-
-
-def _gpu_counts(counts: list[int] | None, np: int) -> list[int] | None:
-    if counts is not None and len(counts) != np:
-        raise ValueError(f"task_gpu_counts needs one count per task ({np}), got {counts!r}")
-    return counts

@@ -41,3 +41,10 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(key, str) or not key:
         raise ValueError(f"ignore_ssl_key must be a Spark setting's name, got {key!r}")
     return {"gpu_resource": resource, "task_gpu_counts": counts, "ignore_ssl_key": key}
+
+
+def task_gpu_counts(counts: list[int] | None, np: int) -> list[int] | None:
+    """The checked `task_gpu_counts` option of an attempt of `np` tasks: one count per task."""
+    if counts is not None and len(counts) != np:
+        raise ValueError(f"task_gpu_counts needs one count per task ({np}), got {counts!r}")
+    return counts
