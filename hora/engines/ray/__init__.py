@@ -18,6 +18,6 @@ ENGINE = Engine(
     options=OPTIONS,
     check_options=check_options,
     cli_session="hora.engines.ray.options:cli_session",
-    capacity="hora.engines.ray.launcher:capacity",
+    capacity="hora.engines.ray.cluster:capacity",
     summary="one Ray actor per rank in a placement group (RAY_ADDRESS's cluster, else a local Ray)",
 )

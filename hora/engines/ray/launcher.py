@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
 import uuid
@@ -41,6 +40,7 @@ from hora.engines import (
     RanksRun,
 )
 from hora.engines.ray.actor import RankSupervisor
+from hora.engines.ray.cluster import bundle, check_fits, connected_ray, live_nodes, one_machine
 from hora.engines.ray.shipping import hora_runtime_env
 from hora.engines.ray.slots import Slots
 
@@ -48,36 +48,22 @@ LOOPBACK = "127.0.0.1"
 KILL_WAIT_SECONDS = 10.0
 
 
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise RuntimeError("backend='ray' needs Ray: pip install 'hora[ray]'") from None
-    if not ray.is_initialized():
-        raise RuntimeError(
-            "the Ray engine (backend='ray') needs a Ray connection: call ray.init() first (a "
-            "local Ray, or ray.init(address=...) for a cluster), or run on this machine with "
-            "backend='local'"
-        )
-    return ray
-
-
 class RayLauncher(Launcher):
     """Starts `spec.np` ranks as actors in one placement group; checks the cluster first."""
 
     def __init__(self, spec: AttemptSpec):
-        ray = _ray()
+        ray = connected_ray()
         self.spec = spec
-        self.cpus, self.gpus = _bundle(spec)
+        self.cpus, self.gpus = bundle(spec)
         self.use_gpu = self.gpus > 0 if spec.use_gpu is None else bool(spec.use_gpu)
         self.strategy = spec.options["placement_strategy"]
         if not spec.restart:  # a restart waits (up to start_timeout) for lost nodes to come back
-            _check_capacity(ray, spec.np, self.cpus, self.gpus)
+            check_fits(ray, spec.np, self.cpus, self.gpus)
         self.node_address = ray.util.get_node_ip_address()
         # On a one-machine Ray (a laptop's ray.init(), Ray on a local Spark) hora's own traffic
         # (job channel, store, gloo) stays on loopback; on a cluster it uses the driver's node
         # address, as Ray does.
-        self.one_machine = _one_machine(ray, self.node_address)
+        self.one_machine = one_machine(ray, self.node_address)
         self.channel_host = LOOPBACK if self.one_machine else self.node_address
         # Other nodes cannot import the driver's own modules, and may lack hora: hora ships
         # itself as a runtime_env py_module (`engines.ships`).
@@ -125,7 +111,7 @@ class RayLauncher(Launcher):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if self._actor_class is None:
-            self._actor_class = _ray().remote(RankSupervisor)
+            self._actor_class = connected_ray().remote(RankSupervisor)
         where = self._slots.where[slot]
         return self._actor_class.options(
             num_cpus=self.cpus,
@@ -147,7 +133,7 @@ class RayLauncher(Launcher):
 
     def _run(self) -> None:
         """Wait for every actor, hand each its plan, then watch for actors that die."""
-        ray = _ray()
+        ray = connected_ray()
         ctx = self._ctx
         assert ctx is not None
         try:
@@ -242,7 +228,7 @@ class RayLauncher(Launcher):
         """Make the new actors (once their bundles are no longer on a lost node), wait for them,
         then start each joiner's worker with its place in the larger world; a failure is every
         joiner's (the attempt then fails, and restarts)."""
-        ray = _ray()
+        ray = connected_ray()
         ctx = self._ctx
         assert ctx is not None
         slots = anew + kept
@@ -283,7 +269,7 @@ class RayLauncher(Launcher):
         bundle again where room is (a returning node); the driver's `start_timeout` bounds the
         wait, as it bounds any joiner's start."""
         while not self._stopping.is_set():
-            live = _live_nodes(ray)
+            live = live_nodes(ray)
             with self._lock:
                 if not self._slots.stale(slots, ray.util.placement_group_table, live):
                     return
@@ -291,11 +277,11 @@ class RayLauncher(Launcher):
 
     def spare(self) -> int:
         """Free slots whose bundle Ray holds reserved on a live node (`Slots.spare`)."""
-        ray = _ray()
+        ray = connected_ray()
         with self._lock:
             if not self._slots.free or self._stopping.is_set():
                 return 0
-        live = _live_nodes(ray)
+        live = live_nodes(ray)
         with self._lock:
             return self._slots.spare(ray.util.placement_group_table, live)
 
@@ -303,7 +289,7 @@ class RayLauncher(Launcher):
         self._stopping.set()
         if not self._slots.groups:
             return
-        ray = _ray()
+        ray = connected_ray()
         with self._lock:
             runs = list(self._runs) + self._ended
             actors, groups = self._actors + self._replaced, list(self._slots.groups)
@@ -328,51 +314,6 @@ class RayLauncher(Launcher):
         self._store = None
 
 
-def _bundle(spec: AttemptSpec) -> tuple[float, float]:
-    """The CPUs and GPUs each rank's bundle reserves."""
-    options = spec.options
-    cpus, gpus = float(options["num_cpus_per_rank"]), float(options["num_gpus_per_rank"])
-    return cpus, 1.0 if spec.use_gpu and gpus == 0 else gpus
-
-
-def capacity(spec: AttemptSpec, held: int) -> int:
-    """How many ranks' bundles fit now: the `held` ones this job's placement group reserves,
-    and as many more as the free resources of the live nodes hold. A node whose raylet no
-    longer answers is not counted, though Ray declares it dead only after its health checks
-    fail (seconds later): a lost host must not be counted by the attempt that replaces it."""
-    ray = _ray()
-    from ray._private.state import available_resources_per_node
-
-    cpus, gpus = _bundle(spec)
-    free = available_resources_per_node()
-    fits = 0
-    for node in _live_nodes(ray):
-        have = free.get(node, {})
-        fits += min(
-            int(have.get(name, 0) / each + 1e-9)
-            for name, each in (("CPU", cpus), ("GPU", gpus))
-            if each
-        )
-    return held + fits
-
-
-def _live_nodes(ray: Any) -> set[str]:
-    """The ids of the nodes Ray calls alive whose raylet answers."""
-    return {n["NodeID"] for n in ray.nodes() if n.get("Alive") and _answers(n)}
-
-
-def _answers(node: dict[str, Any]) -> bool:
-    """Whether the node's raylet accepts a connection (a killed one refuses at once)."""
-    host, port = node.get("NodeManagerAddress"), node.get("NodeManagerPort")
-    if not host or not port:
-        return False
-    try:
-        socket.create_connection((str(host), int(port)), timeout=1.0).close()
-    except OSError:
-        return False
-    return True
-
-
 def _wait_gone(ray: Any, actors: list[Any]) -> None:
     """Until Ray reports every actor dead: their processes (and GPUs) are free for what's next."""
     ids = {actor._actor_id.hex() for actor in actors}
@@ -383,24 +324,3 @@ def _wait_gone(ray: Any, actors: list[Any]) -> None:
             ids = {i for i in ids if states.get(i, {}).get("State") not in ("DEAD", None)}
         if ids:
             time.sleep(0.05)
-
-
-def _one_machine(ray: Any, address: str) -> bool:
-    """Whether every live node of the cluster is this machine (the driver's node address)."""
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    return bool(nodes) and all(n.get("NodeManagerAddress") == address for n in nodes)
-
-
-def _check_capacity(ray: Any, np: int, cpus: float, gpus: float) -> None:
-    """Refuse, before anything is placed, a job the whole cluster could never hold."""
-    total = ray.cluster_resources()
-    short = [
-        f"{np} x {each:g} {name} = {np * each:g} {name}, the cluster has {total.get(name, 0):g}"
-        for name, each in (("CPU", cpus), ("GPU", gpus))
-        if each > 0 and np * each > total.get(name, 0)
-    ]
-    if short:
-        raise ValueError(
-            f"np={np} needs more than this Ray cluster has ({'; '.join(short)}): lower np, "
-            "num_cpus_per_rank or num_gpus_per_rank (engine_options), or add nodes"
-        )
