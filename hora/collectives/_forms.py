@@ -6,7 +6,7 @@ it into one request, a trailing `_` works in place, and without `_async` the cal
 returns the result. The name must be one of the op's spec's faces (`OpSpec.faces`), so that
 the spec stays the one list of an op's names. A form takes the request's own parameters after
 the tensor (`inspect.signature` shows them, as Horovod's hand-written calls do) and passes
-them on untouched, so a deprecation warning the request raises at `stacklevel=4` names the
+them on untouched, so a deprecation warning the request raises at `stacklevel=5` names the
 caller's line whichever form was called.
 """
 
@@ -58,7 +58,7 @@ def handle_form(
     form = Form.named(name, grouped=False, waits=False)
 
     def call(tensor: torch.Tensor, *args: P.args, **kwargs: P.kwargs) -> int:
-        return request(form, [tensor], *args, **kwargs)
+        return _submitted(call, request, form, [tensor], tensor, args, kwargs)
 
     return _named(call, request, name, doc, first=("tensor", "torch.Tensor"), returns="int")
 
@@ -70,7 +70,7 @@ def grouped_handle_form(
     form = Form.named(name, grouped=True, waits=False)
 
     def call(tensors: Tensors, *args: P.args, **kwargs: P.kwargs) -> int:
-        return request(form, list(tensors), *args, **kwargs)
+        return _submitted(call, request, form, list(tensors), tensors, args, kwargs)
 
     return _named(call, request, name, doc, first=("tensors", "Tensors"), returns="int")
 
@@ -82,7 +82,8 @@ def in_place_form(
     form = Form.named(name, grouped=False, waits=True)
 
     def call(tensor: torch.Tensor, *args: P.args, **kwargs: P.kwargs) -> torch.Tensor:
-        return _synchronize(request(form, [tensor], *args, **kwargs))
+        handle = _submitted(call, request, form, [tensor], tensor, args, kwargs)
+        return _synchronize(handle)
 
     return _named(
         call, request, name, doc, first=("tensor", "torch.Tensor"), returns="torch.Tensor"
@@ -96,11 +97,34 @@ def grouped_in_place_form(
     form = Form.named(name, grouped=True, waits=True)
 
     def call(tensors: Tensors, *args: P.args, **kwargs: P.kwargs) -> list[torch.Tensor]:
-        return _synchronize(request(form, list(tensors), *args, **kwargs))
+        handle = _submitted(call, request, form, list(tensors), tensors, args, kwargs)
+        return _synchronize(handle)
 
     return _named(
         call, request, name, doc, first=("tensors", "Tensors"), returns="list[torch.Tensor]"
     )
+
+
+def _submitted(
+    public: Callable[..., Any],
+    request: Callable[..., int],
+    form: Form,
+    tensors: Tensors,
+    given: Any,
+    args: tuple,
+    kwargs: dict,
+) -> int:
+    """The request's handle. A call that does not bind to the `public` form's parameters is
+    told under the name the user called (`allreduce_async(): got an unexpected keyword
+    argument 'foo'`), not the shared request's; any other TypeError came from inside, as is."""
+    try:
+        return request(form, tensors, *args, **kwargs)
+    except TypeError:
+        try:
+            inspect.signature(public).bind(given, *args, **kwargs)
+        except TypeError as unbound:
+            raise TypeError(f"{public.__name__}(): {unbound}") from None
+        raise
 
 
 def _synchronize(handle: int) -> Any:

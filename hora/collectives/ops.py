@@ -93,7 +93,7 @@ def _allreduce(
     process_set: ProcessSet = global_process_set,
 ) -> int:
     """Horovod's allreduce forms; `average=` is the deprecated spelling of `op=`."""
-    op = resolve_op(average, op, stacklevel=4)  # the caller of the form, past `_forms`
+    op = resolve_op(average, op, stacklevel=5)  # the caller of the form, past `_forms`
     return submit_allreduce(
         tensors,
         name,

@@ -7,8 +7,10 @@ import importlib
 import inspect
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 import hora.collectives
 from hora.collectives import ops
@@ -138,3 +140,18 @@ def test_each_form_is_named_by_its_spec_and_shows_its_request_s_parameters() -> 
 def test_a_form_its_spec_does_not_name_is_refused(name: str, grouped: bool, waits: bool) -> None:
     with pytest.raises(ValueError, match=repr(name)):
         Form.named(name, grouped=grouped, waits=waits)
+
+
+@pytest.mark.parametrize(
+    "name, call",
+    [
+        ("allreduce_async", lambda f: f(torch.zeros(2), foo=1)),
+        ("grouped_allreduce_", lambda f: f([torch.zeros(2)], foo=1)),
+        ("broadcast_async_", lambda f: f(torch.zeros(2), 0, "name", None, "one too many")),
+    ],
+)
+def test_a_form_called_wrongly_says_so_under_its_own_name(name: str, call: Any) -> None:
+    """Not under the request the forms share: the user called `name`."""
+    said = "(got an unexpected keyword argument 'foo'|too many positional arguments)"
+    with pytest.raises(TypeError, match=rf"^{name}\(\): {said}$"):
+        call(getattr(ops, name))
