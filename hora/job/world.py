@@ -13,7 +13,13 @@ A process is named by its id (its first rank; a new rank's id is never one used 
 rank is its place in `members`. Survivors keep their process and their order: a world re-formed
 after a loss numbers them 0..n-1 in the order they had; new ranks come after the running ones.
 
-What stays a restart of every rank (docs/elastic.md): fewer than `min_np` survivors; a rank
+A running rank lost during a growth, leaving fewer than `min_np` survivors where the survivors
+and the new ranks are `min_np` or more, re-forms the survivors with the new ranks from the
+survivors' last commit (as a shrink would, the new ranks in it): at once where every new rank
+said hello (its host known), else once one waits at the rendezvous and every host is known.
+
+What stays a restart of every rank (docs/elastic.md): fewer than `min_np` survivors (with the
+new ranks of a growth under way, where a running rank was lost); a rank
 lost before every rank of the world said it can re-form (its `hvd.elastic.run` has not started:
 the survivors may be inside the first rendezvous or the user's own collectives); a rank that
 failed with its own exception (it would fail again) or is only silent (it may live on).
@@ -121,6 +127,9 @@ class World:
     #: the world ordered and not yet confirmed by its rank 0: (generation, before, why, since)
     pending: tuple[int, int, str, float] | None = None
     next_id: int = 0
+    #: a running rank lost during a growth left too few survivors: they re-form with the new
+    #: ranks once every new one said hello: (the running world's size before, why, since)
+    regroup: tuple[int, str, float] | None = None
     #: id -> rank now, for `rank_of` on every message (rebuilt when members or joiners change)
     _ranks: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
     _indexed: tuple[Any, ...] = field(default=(), repr=False, compare=False)
@@ -210,6 +219,8 @@ class World:
         if pid not in self.waiting or self.pending is not None:
             return None
         self.waiting.discard(pid)
+        if self.regroup is not None:
+            return self._regroup_now() if self._joiners_known() else None
         if self.waiting:
             return None
         before = self.size
@@ -247,6 +258,9 @@ class World:
             )
         if not self.waiting or self.pending is not None or now < self.deadline:
             return None
+        if self.regroup is not None:  # without them, fewer than min_np survivors
+            late = "new ranks did not reach the rendezvous in time"
+            return self._restart(f"{late}; {self.regroup[1]}")
         return self._abandon("new ranks did not reach the rendezvous in time")
 
     def lose(self, losses: list[Loss], now: float, why: str) -> list[Decision]:
@@ -254,6 +268,11 @@ class World:
         are dropped; the running ones re-form without them if they were told of it); a running
         rank lost shrinks the world in place when the rest can, else the attempt restarts."""
         lost = {self.id_of(loss.rank): loss for loss in losses}
+        if self.regroup is not None:  # the survivors already wait for the new ranks
+            return [self._restart(why)]
+        if self._may_regroup(lost):
+            order = self._regroup(lost, now, why)
+            return [order] if order is not None else []
         told = self.pending is not None and bool(self.joiners)  # the running ranks heard of it
         decisions: list[Decision] = []
         if self.joiners:
@@ -306,6 +325,47 @@ class World:
             and all(loss.gone and not loss.own for loss in running_lost)
             and all(m in self.able for m in survivors)
         )
+
+    def _may_regroup(self, lost: dict[int, Loss]) -> bool:
+        """A growth under way, only running ranks lost (gone, without a word of their own), too
+        few survivors to shrink to, and survivors that can re-form: with the new ranks they are
+        `min_np` or more."""
+        running = [m for m in self.members if m not in self.joiners]
+        survivors = [m for m in running if m not in lost]
+        return (
+            self.in_place
+            and bool(self.joiners)
+            and all(pid in running and loss.gone and not loss.own for pid, loss in lost.items())
+            and 0 < len(survivors) < self.min_np <= len(survivors) + len(self.joiners)
+            and all(m in self.able for m in survivors)
+        )
+
+    def _regroup(self, lost: dict[int, Loss], now: float, why: str) -> ReformWorld | None:
+        """The survivors of running ranks lost during a growth, with its new ranks: ordered now
+        where every new rank said hello (their hosts place every rank), else once one waits
+        (`joined`); the survivors wait for the order in their `hvd.elastic.run`."""
+        running = [m for m in self.members if m not in self.joiners]
+        self.gone |= set(lost)
+        self.members = [m for m in running if m not in lost]
+        why = f"{why}; the survivors re-form with the new ranks"
+        self.pending, self.regroup = None, (len(running), why, now)
+        return self._regroup_now() if self._joiners_known() else None
+
+    def _joiners_known(self) -> bool:
+        return all(j in self.hosts for j in self.joiners)
+
+    def _regroup_now(self) -> ReformWorld:
+        """Every rank, the new ones included, re-forms now, from the survivors' last commit."""
+        assert self.regroup is not None
+        before, why, since = self.regroup
+        self.members = self.members + self.joiners
+        self.able |= set(self.joiners)  # the running ranks' own code, started where they could
+        self.joiners, self.waiting, self.regroup = [], set(), None
+        self.joined_at = 0.0
+        self.generation += 1
+        self.pending = (self.generation, before, why, since)
+        self.phase = Phase.SHRINKING
+        return self._order(False, tuple(self.members), before, why)
 
     def _shrink(self, survivors: list[int], now: float, why: str) -> ReformWorld:
         before = self.size
