@@ -19,9 +19,10 @@ survivors' last commit (as a shrink would, the new ranks in it): at once where e
 said hello (its host known), else once one waits at the rendezvous and every host is known.
 
 What stays a restart of every rank (docs/elastic.md): fewer than `min_np` survivors (with the
-new ranks of a growth under way, where a running rank was lost); a rank
-lost before every rank of the world said it can re-form (its `hvd.elastic.run` has not started:
-the survivors may be inside the first rendezvous or the user's own collectives); a rank that
+new ranks of a growth under way, where a running rank was lost); a rank lost past the first
+world's rendezvous before every survivor said it can re-form (a survivor whose `hvd.elastic.run`
+has not started may be inside torch's rendezvous or hora's start-up, which cannot hear the
+driver, or in the user's own code before `run`, which no commit covers); a rank that
 failed with its own exception (it would fail again) or is only silent (it may live on).
 """
 
@@ -279,9 +280,8 @@ class World:
             decisions.append(self._abandon(f"lost during the growth: {why}"))
         running_lost = [loss for pid, loss in lost.items() if pid in self.members]
         survivors = [m for m in self.members if m not in lost]
-        if self.phase is Phase.STARTING:
-            return [self._gather_fewer(survivors, why) if self._may_gather(losses, survivors)
-                    else self._restart(why)]  # fmt: skip
+        if self.phase is Phase.STARTING and self._may_gather(losses, survivors):
+            return [self._gather_fewer(survivors, why)]
         if running_lost and not self._may_shrink(running_lost, survivors):
             return [*decisions, self._restart(why)]
         if running_lost or told:  # told: the running ranks re-form, without the new ones
@@ -317,10 +317,11 @@ class World:
 
     def _may_shrink(self, running_lost: list[Loss], survivors: list[int]) -> bool:
         """Every lost running rank is gone without a word of its own, and at least min_np
-        survivors run in an hvd.elastic.run that can re-form."""
+        survivors run in an hvd.elastic.run that can re-form. (While the world starts, a
+        survivor that has not said so may be in its own code before `run`, which no commit
+        covers; one that said so is in its loop: `run` says it once it resumed.)"""
         return (
             self.in_place
-            and self.phase is not Phase.STARTING
             and len(survivors) >= self.min_np
             and all(loss.gone and not loss.own for loss in running_lost)
             and all(m in self.able for m in survivors)

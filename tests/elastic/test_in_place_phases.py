@@ -117,6 +117,21 @@ def test_rank_0_lost_while_a_new_rank_starts_leaves_one_survivor_that_re_forms_w
     assert "restarting" not in err and "attempt 1 of" not in err, err
 
 
+def test_a_rank_lost_before_its_run_said_it_can_re_form_leaves_the_others_in_place(
+    tmp_path, monkeypatch, capfd
+):
+    """np=3: rank 2 SIGKILLs itself in its hvd.elastic.run before it says it can re-form, once
+    ranks 0 and 1 said so and started their loops: the world was still starting, but every
+    survivor is in its loop, so they re-form a world of 2 in place (issue 47: this restarted
+    every rank); the run grows back to 3."""
+    results, worlds = _run(tmp_path, monkeypatch, 3, fault=None, run_fault=True)
+    assert worlds[:2] == [2, 2] and worlds[2:] in ([], [3]), worlds  # rank 2 never logged
+    _jobs.check_survivors(str(tmp_path), results, worlds)
+    err = capfd.readouterr().err
+    assert "hora: resizing in place from 3 to 2 ranks (rank 2 failed: killed by signal 9" in err
+    assert "restarting" not in err and "attempt 1 of" not in err, err
+
+
 def test_a_rank_lost_past_the_presence_barrier_releases_the_others_from_torchs_rendezvous(
     tmp_path, monkeypatch, capfd
 ):
