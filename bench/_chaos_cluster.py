@@ -26,6 +26,7 @@ LOOPBACK_VARS = ("MASTER_ADDR", "GLOO_SOCKET_IFNAME", "SPARK_LOCAL_IP")
 @contextlib.contextmanager
 def cluster(engine: str) -> Iterator[Any]:
     """The 2-host cluster with `engine` on it, stopped however the bench ends."""
+    from tests.cluster import conftest  # noqa: F401 -- its Ray variables (token mode), as tests'
     from tests.cluster._cluster import Cluster
 
     with Cluster(HOSTS, CORES, spark=engine == "spark", ray=engine == "ray") as started:
