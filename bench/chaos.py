@@ -1,4 +1,5 @@
-"""Chaos: a local elastic run whose ranks are SIGKILLed at random, every T seconds (issue 39).
+"""Chaos: an elastic run whose ranks are SIGKILLed at random, every T seconds (issue 39; on the
+2-host cluster, issue 47).
 
 One job, `hora.run(train, np=4, min_np=2, max_np=4, max_restarts=100)` on the local engine:
 `hvd.elastic.TorchState` holds a `hora.data` loader (ids 0..N-1, shuffled) and a "model" that
@@ -28,6 +29,14 @@ shrinks and growths, full restarts, and whether every sample was trained exactly
     .venv/bin/python bench/chaos.py --quick --every 5   # ~25 s runs, to smoke-test
     .venv/bin/python bench/chaos.py --seconds 120 --every 30,15,10 --seed 1
     .venv/bin/python bench/chaos.py --trace             # each rank logs its steps (ids, commit)
+    flock /work/cluster.lock sudo .venv/bin/python bench/chaos.py --engine spark [--kill host]
+
+`--engine spark` or `ray` runs the same job on tests/cluster's 2 namespaced hosts x 2 slots
+(bench/_chaos_cluster.py: the cluster started once for every T, the driver connected as the
+cluster tests connect, `hora.run(..., backend=engine)`); the chaos, in the bench's own process
+there, SIGKILLs a random rank process on a host (`--kill rank`) or every rank of a random host
+(`--kill host`), only where at least min_np ranks are left; the engine's settle time applies
+unless `--settle` says otherwise. The printed kills are the bench's (the child's are local).
 
 The driver and the ranks import the hora of the tree this file is in (first on PYTHONPATH).
 Wall-clock, on the shared 2-core machine: compare the rows of one run.
@@ -38,6 +47,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -48,9 +58,12 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import _chaos_cluster  # bench/, first on the path of a script run from it
 
 REPO = Path(__file__).resolve().parents[1]
 NP, MIN_NP = 4, 2
@@ -77,6 +90,8 @@ class Job:
     seed: int = 0
     limit: float = 3600  # seconds: hora.run's timeout
     trace: bool = False  # each rank logs its steps to trace-<every>-<pid>.jsonl in `folder`
+    engine: str = "local"  # or "spark", "ray": on the 2-host cluster (`cluster`: its address)
+    cluster: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def train(job: Job) -> dict[str, Any]:
@@ -160,25 +175,48 @@ def workers() -> list[Any]:
     return found
 
 
-def chaos(every: float, seed: int, stop: threading.Event, kills: list[float]) -> None:
-    """Every `every` seconds, SIGKILL one random rank, once more than MIN_NP ranks live."""
+def local_victims() -> list[list[Any]]:
+    """One rank at a time, among this process's descendants."""
+    return [[p] for p in workers()]
+
+
+def chaos(
+    every: float,
+    seed: int,
+    stop: threading.Event,
+    kills: list[float],
+    victims: Callable[[], list[list[Any]]] = local_victims,
+) -> None:
+    """Every `every` seconds, SIGKILL one random group of `victims()` (a rank, or a host's
+    ranks), once at least MIN_NP ranks would be left."""
     rng, start = random.Random(seed), time.monotonic()
     while not stop.wait(every):
-        while not stop.is_set() and len(live := workers()) <= MIN_NP:
+        while not stop.is_set() and not (choices := _killable(victims())):
             time.sleep(0.1)
         if stop.is_set():
             return
-        victim = rng.choice(live)
-        try:
-            victim.kill()
-        except Exception:  # psutil.NoSuchProcess: it ended meanwhile
+        group, alive = rng.choice(choices[0]), choices[1]
+        killed = []
+        for victim in group:
+            with contextlib.suppress(Exception):  # psutil.NoSuchProcess: it ended meanwhile
+                victim.kill()
+                killed.append(victim.pid)
+        if not killed:
             continue
         kills.append(time.monotonic() - start)
         print(
-            f"chaos: {kills[-1]:.1f} s: SIGKILL pid {victim.pid} ({len(live)} ranks alive)",
+            f"chaos: {kills[-1]:.1f} s: SIGKILL pid {', '.join(map(str, killed))} "
+            f"({alive} ranks alive)",
             file=sys.stderr,
             flush=True,
         )
+
+
+def _killable(groups: list[list[Any]]) -> tuple[list[list[Any]], int] | None:
+    """The groups whose kill leaves at least MIN_NP ranks alive, and how many live; None: none."""
+    alive = sum(len(g) for g in groups)
+    choices = [g for g in groups if g and alive - len(g) >= MIN_NP]
+    return (choices, alive) if choices else None
 
 
 def one_run(job: Job, out: str) -> None:
@@ -186,16 +224,27 @@ def one_run(job: Job, out: str) -> None:
     import hora
 
     print(f"chaos: hora from {Path(hora.__file__).parent}", file=sys.stderr, flush=True)
+    if job.engine != "local":
+        import _chaos_cluster
+
+        _chaos_cluster.connect(job.engine, job.cluster)
     kills: list[float] = []
     stop = threading.Event()
     thread = threading.Thread(target=chaos, args=(job.every, job.seed, stop, kills), daemon=True)
     start = time.monotonic()
-    if job.every:
+    if job.every and job.engine == "local":  # on the cluster, the bench's process kills
         thread.start()
     record: dict[str, Any] = {}
     try:
         results = hora.run(
-            train, (job,), np=NP, min_np=MIN_NP, max_np=NP, max_restarts=100, timeout=job.limit
+            train,
+            (job,),
+            np=NP,
+            min_np=MIN_NP,
+            max_np=NP,
+            max_restarts=100,
+            timeout=job.limit,
+            backend=job.engine,
         )
     except Exception as error:  # past the limit, or out of restarts: a row all the same
         record["error"] = f"{type(error).__name__}: {str(error).splitlines()[0]}"
@@ -229,13 +278,24 @@ def lines(err: str) -> dict[str, int]:
     }
 
 
-def measure(job: Job, keep: Path, settle: str | None) -> dict[str, Any]:
-    """One run in a subprocess (its output kept in `keep`): its record and driver lines."""
+def measure(
+    job: Job, keep: Path, settle: str | None, victims: Callable[[], list[list[Any]]] | None = None
+) -> dict[str, Any]:
+    """One run in a subprocess (its output kept in `keep`): its record and driver lines;
+    `victims`: the chaos runs here, killing those (on the cluster)."""
     import psutil
 
     out = Path(job.folder, f"result-{job.every:g}.json")
     env = dict(os.environ)
     env.pop("HORA_ELASTIC_SETTLE_SECONDS", None)
+    if job.engine != "local":
+        for name in _chaos_cluster.LOOPBACK_VARS:
+            env.pop(name, None)
+    kills: list[float] = []
+    stop = threading.Event()
+    if victims is not None and job.every:
+        args = (job.every, job.seed, stop, kills, victims)
+        threading.Thread(target=chaos, args=args, daemon=True).start()
     if settle is not None:
         env["HORA_ELASTIC_SETTLE_SECONDS"] = settle
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -249,11 +309,14 @@ def measure(job: Job, keep: Path, settle: str | None) -> dict[str, Any]:
                 with contextlib.suppress(psutil.Error, OSError):
                     p.kill()
             child.wait()
+        finally:
+            stop.set()
     text = keep.read_text()
     if not out.exists():
         tail = "\n".join(text.splitlines()[-30:])
         raise SystemExit(f"the run with T={job.every:g} failed ({child.returncode}):\n{tail}")
-    return json.loads(out.read_text()) | lines(text)
+    record = json.loads(out.read_text()) | lines(text)
+    return record | ({"kills": len(kills)} if victims is not None else {})
 
 
 def main() -> None:
@@ -265,6 +328,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace", action="store_true", help="the ranks log every step")
     parser.add_argument("--settle", help="HORA_ELASTIC_SETTLE_SECONDS (default: the engine's)")
+    parser.add_argument("--engine", choices=["local", "spark", "ray"], default="local")
+    parser.add_argument("--kill", choices=["rank", "host"], default="rank", help="on the cluster")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -276,22 +341,31 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="hora-bench-chaos-")
     steps = round(seconds / args.epochs / STEP_GUESS)
     base = Job(folder, steps * NP * Job.batch, args.epochs, seed=args.seed, trace=args.trace)
-    base = dataclasses.replace(base, limit=LIMIT * seconds + 60)
+    base = dataclasses.replace(base, limit=LIMIT * seconds + 60, engine=args.engine)
     write_data(folder, base.samples)
+    os.chmod(folder, 0o755)  # the cluster's ranks read it (mkdtemp makes it the owner's alone)
     print(
-        f"np={NP} min_np={MIN_NP} max_np={NP}, {base.samples} samples x {base.epochs} epochs, "
+        f"{args.engine}: np={NP} min_np={MIN_NP} max_np={NP}, "
+        f"{base.samples} samples x {base.epochs} epochs, "
         f"batch {base.batch}/rank, commit every {base.commit_every} steps, "
-        f"HORA_ELASTIC_SETTLE_SECONDS={args.settle or 'unset (none locally)'}, "
+        f"HORA_ELASTIC_SETTLE_SECONDS={args.settle or 'unset (the engine default)'}, "
+        f"kills: {'a rank' if args.engine == 'local' else 'a ' + args.kill + ' at a time'}, "
         f"a run stops after {base.limit:.0f} s; "
         f"output of each run in {folder}",
         flush=True,
     )
-    rows = []
-    for t in every:
-        job = dataclasses.replace(base, every=t)
-        row = measure(job, Path(folder, f"output-{t:g}.txt"), args.settle)
-        rows.append((t, row))
-        print(f"T={t:g} s: {json.dumps(row)}", flush=True)
+    with contextlib.ExitStack() as stack:
+        victims = None
+        if args.engine != "local":
+            started = stack.enter_context(_chaos_cluster.cluster(args.engine))
+            base = dataclasses.replace(base, cluster=_chaos_cluster.address(started))
+            victims = functools.partial(_chaos_cluster.victims, started, args.kill)
+        rows = []
+        for t in every:
+            job = dataclasses.replace(base, every=t)
+            row = measure(job, Path(folder, f"output-{t:g}.txt"), args.settle, victims)
+            rows.append((t, row))
+            print(f"T={t:g} s: {json.dumps(row)}", flush=True)
     report(base, rows)
 
 

@@ -6,7 +6,8 @@ live under `hora/reform/<generation>/`, so no key of an older world is read agai
 to grow a running world (it has the generation in its environment) says so to the driver
 (`Joining`) and waits for the world to open: the running ranks open it when they reach the
 commit where they re-form, which may be a while (one commit interval), longer than the group's
-own timeout should be.
+own timeout should be. Where a running rank is lost meanwhile and its survivors re-form with the
+new ranks (`hora.job.world`), the driver's newer word ends that wait.
 
 Before the group itself is made, every rank of a re-formed world marks itself present and waits
 for all the others: a rank lost meanwhile would leave torch's rendezvous waiting for ever, so a
@@ -149,7 +150,7 @@ def _make_default_group(here: RankEnvironment, wait: timedelta, opening: bool) -
         store.set(OPEN_KEY, "1")
     else:
         _driver.say_joining()
-        store.wait([OPEN_KEY], JOIN_WAIT)
+        _wait_open(store, here)
     _all_present(store, rank, size, here.generation, wait, _waker(here, here.generation))
     _driver.say_formed(here.generation)
     global _group_store
@@ -157,6 +158,23 @@ def _make_default_group(here: RankEnvironment, wait: timedelta, opening: bool) -
     dist.init_process_group(
         default_transports(), store=_group_store, rank=rank, world_size=size, timeout=wait
     )
+
+
+def _wait_open(store: dist.Store, here: RankEnvironment) -> None:
+    """A new rank waits for the running ranks to open its world; where the driver orders a
+    newer world first (a running rank was lost: its survivors re-form with the new ranks),
+    that one (`Superseded`): the order opens this world from the channel's thread, so the wait
+    ends at once."""
+    generation = here.generation
+
+    def newer_ordered(order: Reform) -> None:
+        if order.generation > generation:
+            _store(here, generation, timedelta(seconds=WAKE_SECONDS)).set(OPEN_KEY, "1")
+
+    with _driver.watching_reforms(newer_ordered):
+        raise_if_superseded(generation)
+        store.wait([OPEN_KEY], JOIN_WAIT)
+    raise_if_superseded(generation)
 
 
 def _first_world_may_re_form(here: RankEnvironment) -> bool:

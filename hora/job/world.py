@@ -6,17 +6,25 @@ process, their hosts, the world's generation, the new ranks on their way in, and
 the attempt's one enum (`hora.job.state.AttemptState`). The attempt's ear and controller
 (`hora.job.hearing`, `hora.job.attempt`) tell it what happened (a rank started, said whether
 its `hvd.elastic.run` can re-form in place, was lost, waits to join, a world re-formed) and
-its hands (`hora.job.in_place.Hands`) carry out what it decides: re-form a world (`ReformWorld`), start new ranks (`StartJoiners`), drop the ranks of a
-growth given up (`Abandon`), or end the attempt so that every rank restarts (`Restart`). It does
-no I/O and reads no clock of its own, so every event can be tried in every state (tests/job).
+its hands (`hora.job.in_place.Hands`) carry out what it decides: re-form a world
+(`ReformWorld`), start new ranks (`StartJoiners`), drop the ranks of a growth given up
+(`Abandon`), or end the attempt so that every rank restarts (`Restart`). It does no I/O and
+reads no clock of its own, so every event can be tried in every state (tests/job).
 
 A process is named by its id (its first rank; a new rank's id is never one used before), its
 rank is its place in `members`. Survivors keep their process and their order: a world re-formed
 after a loss numbers them 0..n-1 in the order they had; new ranks come after the running ones.
 
-What stays a restart of every rank (docs/elastic.md): fewer than `min_np` survivors; a rank
-lost before every rank of the world said it can re-form (its `hvd.elastic.run` has not started:
-the survivors may be inside the first rendezvous or the user's own collectives); a rank that
+A running rank lost during a growth, leaving fewer than `min_np` survivors where the survivors
+and the new ranks are `min_np` or more, re-forms the survivors with the new ranks from the
+survivors' last commit (as a shrink would, the new ranks in it): at once where every new rank
+said hello (its host known), else once one waits at the rendezvous and every host is known.
+
+What stays a restart of every rank (docs/elastic.md): fewer than `min_np` survivors (with the
+new ranks of a growth under way, where a running rank was lost); a rank lost past the first
+world's rendezvous before every survivor said it can re-form (a survivor whose `hvd.elastic.run`
+has not started may be inside torch's rendezvous or hora's start-up, which cannot hear the
+driver, or in the user's own code before `run`, which no commit covers); a rank that
 failed with its own exception (it would fail again) or is only silent (it may live on).
 """
 
@@ -112,6 +120,9 @@ class World:
     #: the world ordered and not yet confirmed by its rank 0: (generation, before, why, since)
     pending: tuple[int, int, str, float] | None = None
     next_id: int = 0
+    #: a running rank lost during a growth left too few survivors: they re-form with the new
+    #: ranks once every new one said hello: (the running world's size before, why, since)
+    regroup: tuple[int, str, float] | None = None
     #: id -> rank now, for `rank_of` on every message (rebuilt when members or joiners change)
     _ranks: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
     _indexed: tuple[Any, ...] = field(default=(), repr=False, compare=False)
@@ -162,8 +173,9 @@ class World:
         (self.able if able else self.cannot).add(pid)
         if not grows:
             self.no_growth.add(pid)
-        said = self.able | self.cannot
-        if self.phase is AttemptState.STARTING and all(m in said for m in self.members):
+        if self.phase is AttemptState.STARTING and all(
+            m in self.able | self.cannot for m in self.members
+        ):
             self.phase = AttemptState.RUNNING
 
     def gathered(self, pid: int, generation: int) -> None:
@@ -202,6 +214,8 @@ class World:
         if pid not in self.waiting or self.pending is not None:
             return None
         self.waiting.discard(pid)
+        if self.regroup is not None:
+            return self._regroup_now() if self._joiners_known() else None
         if self.waiting:
             return None
         before = self.size
@@ -239,6 +253,9 @@ class World:
             )
         if not self.waiting or self.pending is not None or now < self.deadline:
             return None
+        if self.regroup is not None:  # without them, fewer than min_np survivors
+            late = "new ranks did not reach the rendezvous in time"
+            return self._restart(f"{late}; {self.regroup[1]}")
         return self._abandon("new ranks did not reach the rendezvous in time")
 
     def lose(self, losses: list[Loss], now: float, why: str) -> list[Decision]:
@@ -246,15 +263,19 @@ class World:
         are dropped; the running ones re-form without them if they were told of it); a running
         rank lost shrinks the world in place when the rest can, else the attempt restarts."""
         lost = {self.id_of(loss.rank): loss for loss in losses}
+        if self.regroup is not None:  # the survivors already wait for the new ranks
+            return [self._restart(why)]
+        if self._may_regroup(lost):
+            order = self._regroup(lost, now, why)
+            return [order] if order is not None else []
         told = self.pending is not None and bool(self.joiners)  # the running ranks heard of it
         decisions: list[Decision] = []
         if self.joiners:
             decisions.append(self._abandon(f"lost during the growth: {why}"))
         running_lost = [loss for pid, loss in lost.items() if pid in self.members]
         survivors = [m for m in self.members if m not in lost]
-        if self.phase is AttemptState.STARTING:
-            return [self._gather_fewer(survivors, why) if self._may_gather(losses, survivors)
-                    else self._restart(why)]  # fmt: skip
+        if self.phase is AttemptState.STARTING and self._may_gather(losses, survivors):
+            return [self._gather_fewer(survivors, why)]
         if running_lost and not self._may_shrink(running_lost, survivors):
             return [*decisions, self._restart(why)]
         if running_lost or told:  # told: the running ranks re-form, without the new ones
@@ -290,14 +311,56 @@ class World:
 
     def _may_shrink(self, running_lost: list[Loss], survivors: list[int]) -> bool:
         """Every lost running rank is gone without a word of its own, and at least min_np
-        survivors run in an hvd.elastic.run that can re-form."""
+        survivors run in an hvd.elastic.run that can re-form. (While the world starts, a
+        survivor that has not said so may be in its own code before `run`, which no commit
+        covers; one that said so is in its loop: `run` says it once it resumed.)"""
         return (
             self.in_place
-            and self.phase is not AttemptState.STARTING
             and len(survivors) >= self.min_np
             and all(loss.gone and not loss.own for loss in running_lost)
             and all(m in self.able for m in survivors)
         )
+
+    def _may_regroup(self, lost: dict[int, Loss]) -> bool:
+        """A growth under way, only running ranks lost (gone, without a word of their own), too
+        few survivors to shrink to, and survivors that can re-form: with the new ranks they are
+        `min_np` or more."""
+        running = [m for m in self.members if m not in self.joiners]
+        survivors = [m for m in running if m not in lost]
+        return (
+            self.in_place
+            and bool(self.joiners)
+            and all(pid in running and loss.gone and not loss.own for pid, loss in lost.items())
+            and 0 < len(survivors) < self.min_np <= len(survivors) + len(self.joiners)
+            and all(m in self.able for m in survivors)
+        )
+
+    def _regroup(self, lost: dict[int, Loss], now: float, why: str) -> ReformWorld | None:
+        """The survivors of running ranks lost during a growth, with its new ranks: ordered now
+        where every new rank said hello (their hosts place every rank), else once one waits
+        (`joined`); the survivors wait for the order in their `hvd.elastic.run`."""
+        running = [m for m in self.members if m not in self.joiners]
+        self.gone |= set(lost)
+        self.members = [m for m in running if m not in lost]
+        why = f"{why}; the survivors re-form with the new ranks"
+        self.pending, self.regroup = None, (len(running), why, now)
+        return self._regroup_now() if self._joiners_known() else None
+
+    def _joiners_known(self) -> bool:
+        return all(j in self.hosts for j in self.joiners)
+
+    def _regroup_now(self) -> ReformWorld:
+        """Every rank, the new ones included, re-forms now, from the survivors' last commit."""
+        assert self.regroup is not None
+        before, why, since = self.regroup
+        self.members = self.members + self.joiners
+        self.able |= set(self.joiners)  # the running ranks' own code, started where they could
+        self.joiners, self.waiting, self.regroup = [], set(), None
+        self.joined_at = 0.0
+        self.generation += 1
+        self.pending = (self.generation, before, why, since)
+        self.phase = AttemptState.SHRINKING
+        return self._order(False, tuple(self.members), before, why)
 
     def _shrink(self, survivors: list[int], now: float, why: str) -> ReformWorld:
         before = self.size

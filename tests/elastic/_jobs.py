@@ -42,6 +42,8 @@ START_KILLED_MARK = "start-killed"  # the last rank of the first world killed it
 END_KILLED_MARK = "end-killed"  # the last rank killed itself after the run's last commit
 #: when the last rank of the first re-formed world killed itself past its presence barrier
 WINDOW_KILLED_MARK = "window-killed"
+#: the last rank of the first world killed itself in its hvd.elastic.run, before it said so
+RUN_KILLED_MARK = "run-killed"
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,9 @@ class Plan:
     #: the last rank of the first world re-formed in place SIGKILLs itself past that world's
     #: presence barrier, before torch's own rendezvous (gloo's, in init_process_group)
     window_fault: str | None = None  # "rendezvous" or "tree": see `_arm_window_fault`
+    #: the last rank of the first world SIGKILLs itself in its hvd.elastic.run, past its resume
+    #: and before it says it can re-form, once every other rank started its loop
+    run_fault: bool = False
 
 
 def dataset(samples: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,6 +308,8 @@ def _init(plan: Plan, hvd: Any) -> None:
         _wait_for(Path(plan.folder, RUNNING_KILLED_MARK))
     if plan.window_fault:
         _arm_window_fault(plan)
+    if plan.run_fault:
+        _arm_run_fault(plan)
     hvd.init()
     if first_joiner and plan.joiner_fault == "after_init":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -337,6 +344,24 @@ def _arm_window_fault(plan: Plan) -> None:
         formed(generation)
 
     _driver.say_formed = formed_or_killed
+
+
+def _arm_run_fault(plan: Plan) -> None:
+    """`run_fault`: the world's last rank dies where its hvd.elastic.run would say it can
+    re-form (past its resume: the others' loops have started, their first step waits for it)."""
+    from hora.collectives import _driver
+
+    say = _driver.announce_in_place
+
+    def killed_or_said(able: bool, grows: bool = False) -> bool:
+        last = int(os.environ["RANK"]) == plan.full - 1
+        if not _generation() and last and _once(Path(plan.folder, RUN_KILLED_MARK)):
+            for rank in range(plan.full - 1):  # every other rank said so, and is in its loop
+                _wait_for(Path(plan.folder, f"log-{_attempt()}-0-{rank}.jsonl"))
+            os.kill(os.getpid(), signal.SIGKILL)
+        return say(able, grows)
+
+    _driver.announce_in_place = killed_or_said
 
 
 def _first_joiner(plan: Plan) -> bool:

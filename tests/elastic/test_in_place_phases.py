@@ -97,6 +97,41 @@ def test_rank_0_lost_while_a_new_rank_starts_shrinks_without_it_and_grows_back(
     assert "restarting" not in err and "attempt 1 of" not in err, err
 
 
+def test_rank_0_lost_while_a_new_rank_starts_leaves_one_survivor_that_re_forms_with_it(
+    tmp_path, monkeypatch, capfd
+):
+    """np=3, min_np=2: rank 2 is killed (3 -> 2); while the new rank 2 starts, rank 0 SIGKILLs
+    itself: 1 survivor < min_np, but with the new rank 2 >= min_np, so rank 1 and the new rank
+    re-form a world of 2 from rank 1's last commit (issue 47: this restarted every rank); rank 1
+    keeps its process and becomes rank 0."""
+    results, worlds = _run(tmp_path, monkeypatch, 3, joiner_fault="running")
+    assert worlds[:3] == [3, 2, 2] and worlds[3:] in ([], [3]), worlds
+    logs = _jobs.read_logs(str(tmp_path))
+    pids = [{r: e[0]["pid"] for r, e in logs[life].items()} for life in sorted(logs)]
+    assert pids[1] == {0: pids[0][0], 1: pids[0][1]}, pids
+    assert pids[2][0] == pids[0][1] and pids[2][1] not in pids[0].values(), pids
+    assert [r["pid"] for r in results][:2] == [pids[2][0], pids[2][1]]
+    err = capfd.readouterr().err
+    assert "the survivors re-form with the new ranks" in err, err
+    assert "giving up the growth" not in err, err
+    assert "restarting" not in err and "attempt 1 of" not in err, err
+
+
+def test_a_rank_lost_before_its_run_said_it_can_re_form_leaves_the_others_in_place(
+    tmp_path, monkeypatch, capfd
+):
+    """np=3: rank 2 SIGKILLs itself in its hvd.elastic.run before it says it can re-form, once
+    ranks 0 and 1 said so and started their loops: the world was still starting, but every
+    survivor is in its loop, so they re-form a world of 2 in place (issue 47: this restarted
+    every rank); the run grows back to 3."""
+    results, worlds = _run(tmp_path, monkeypatch, 3, fault=None, run_fault=True)
+    assert worlds[:2] == [2, 2] and worlds[2:] in ([], [3]), worlds  # rank 2 never logged
+    _jobs.check_survivors(str(tmp_path), results, worlds)
+    err = capfd.readouterr().err
+    assert "hora: resizing in place from 3 to 2 ranks (rank 2 failed: killed by signal 9" in err
+    assert "restarting" not in err and "attempt 1 of" not in err, err
+
+
 def test_a_rank_lost_past_the_presence_barrier_releases_the_others_from_torchs_rendezvous(
     tmp_path, monkeypatch, capfd
 ):
