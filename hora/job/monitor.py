@@ -76,7 +76,7 @@ class Monitor:
         growth: Growth | None = None,
     ):
         self.group = group
-        #: its ranks by process: re-formed in place (`in_place`) down to `min_np`, else restarted
+        # its ranks by process: re-formed in place (`in_place`) down to `min_np`, else restarted
         records = Records(World(np, min_np, in_place))
         can = group.capabilities
         self.hearing = Hearing(
