@@ -64,6 +64,10 @@ class Hearing:
         self.stuck: tuple[int, ...] = ()  # the ranks that warning waits for
         self.stopping = False  # the group was stopped: exits are drained, not judged
 
+    def forget_stall(self) -> None:
+        """The world changed: the stall its ranks reported is over (that world is gone)."""
+        self.stall, self.stuck = None, ()
+
     def ask_where(self, why: str) -> None:
         """Ask every rank whose channel is open where it is, for the story (once)."""
         self.questions.ask(self.records.connections(open_only=True), why)

@@ -106,7 +106,7 @@ class Hands:
             return
         record = carry_out(self.records, self.group, decision)
         if not isinstance(decision, StartJoiners):
-            self.hearing.stall, self.hearing.stuck = None, ()  # the world that stalled is gone
+            self.hearing.forget_stall()
         for callback in self.callbacks if record is not None else ():
             callback.on_report(record)
 
