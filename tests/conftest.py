@@ -26,6 +26,8 @@ os.environ[TAG] = uuid.uuid4().hex
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# every Spark the suite starts reads tests/spark_conf/spark-defaults.conf (its JVMs' JIT: C1 only)
+os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).parent / "spark_conf"))
 
 
 def tagged_processes() -> list[int]:
@@ -165,49 +167,11 @@ def no_thread_leaks():
 FOLDER_MARKERS = {"tensorflow": "tensorflow", "deepspeed": "deepspeed", "gpu": "gpu"}
 
 
-#: a test left out of a run that also runs its stand-in where that can run (the suite's budget):
-#: np 31 grown in place to 32 on this host crosses gloo's lazy size (LAZY_GLOO_FROM) in the
-#: running ranks' processes; the 8-host Spark test's 28 ranks grown back to 32 cross it alike
-#: (root only: without root, or with the cluster deselected, the local test runs)
-STAND_INS = {
-    "tests/scale/test_np64.py::"
-    "test_a_world_grown_in_place_to_32_ranks_connects_gloo_alike_on_every_rank": (
-        "tests/cluster/test_scale.py::test_a_lost_host_re_forms_in_place_and_grows_back_in_place"
-    ),
-}
-
-
-def _spark_cluster_runs_here() -> bool:
-    """Whether tests/cluster's Spark tests run here rather than skip (tests/cluster/conftest.py)."""
-    import importlib.util
-    import shutil
-
-    from tests.cluster._hosts import why_unavailable
-
-    java = shutil.which("java") or os.environ.get("JAVA_HOME")
-    return why_unavailable() is None and bool(java) and bool(importlib.util.find_spec("pyspark"))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Skip a test whose stand-in (`STAND_INS`) is among the tests this run selected (after
-    `-m`, `-k` and `--deselect`) and can run here."""
-    items = session.items
-    collected = {item.nodeid for item in items}
-    stood_in = {test for test, stand_in in STAND_INS.items() if stand_in in collected}
-    if not stood_in or not _spark_cluster_runs_here():
-        return
-    for item in items:
-        if item.nodeid in stood_in:
-            reason = f"its stand-in runs: {STAND_INS[item.nodeid]} (tests/conftest.py STAND_INS)"
-            item.add_marker(pytest.mark.skip(reason=reason))
-
-
 def pytest_addoption(parser):
     parser.addoption(
         "--slow",
         action="store_true",
-        help="also run the `slow` family (real jobs of 32 and 64 ranks; `make test-slow`)",
+        help="also run the `slow` family (the costliest runs: DEVELOPERS.md; `make test-slow`)",
     )
 
 

@@ -159,6 +159,8 @@ class SparkStandalone(_Service):
         self.env |= {
             "SPARK_CONF_DIR": str(conf),
             "SPARK_DAEMON_MEMORY": SPARK_DAEMON_MEMORY,
+            # C1 only, as every Spark of the suite (tests/spark_conf/spark-defaults.conf says why)
+            "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1",
             "SPARK_LOG_DIR": str(self.folder / "logs"),
         }
         address = network.driver_address

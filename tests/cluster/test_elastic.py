@@ -19,13 +19,16 @@ standalone and Ray on every host, started once for these few jobs and test_ray.p
   host 1's ranks still in their processes; every sample of every epoch once, the weights those
   of one process on the same steps.
 
-In place across hosts, each engine and each model kind once (the suite's budget): the Keras
-model on Spark, the MLP with its resharded FSDP2 twin on Ray. A rank's state re-forms in place
-the same way under either engine; what is the engine's (Spark's tasks lost and new ones joining,
-Ray's actors and bundles) is in both jobs. The two pairs left out run on one machine: Keras in
-place on Ray in tests/ray/test_in_place_keras.py; on Spark, an MLP in place in
+In place across hosts, each engine and each model kind once: the Keras model on Spark, the
+MLP with its resharded FSDP2 twin on Ray. A rank's state re-forms in place the same way under
+either engine; what is the engine's (Spark's tasks lost and new ones joining, Ray's actors and
+bundles) is in both jobs. The two pairs left out run on one machine: Keras in place on Ray in
+tests/ray/test_in_place_keras.py; on Spark, an MLP in place in
 tests/spark/test_engine_local.py and the resharded FSDP2 twin (rank-side, the same on every
-engine) in tests/elastic/test_in_place.py.
+engine) in tests/elastic/test_in_place.py. The Keras job is `slow` (`make test-slow`; the
+suite's budget): in the suite, Spark's ranks re-form in place across the hosts in the two jobs
+of a rank lost in a phase (below), and Keras re-forms in place on one machine
+(tests/elastic/test_in_place_keras.py) and on Ray.
 - A rank lost in a phase of the world (issue 39; tests/elastic/test_in_place_phases.py locally),
   np=4, min_np=2, nothing restarted: on Spark, a new rank lost before it waits (the growth is
   given up, its task ends, a later one joins) and rank 0 lost while a new rank starts; on Ray, a
@@ -180,6 +183,7 @@ def test_spark_shrinks_on_a_lost_host_and_grows_back_mlp_and_fsdp2(whole, tmp_pa
     _check_mlp_and_fsdp2(plan, results, steps)  # the FSDP2 twin reloaded at every size
 
 
+@pytest.mark.slow  # the suite's budget (the module's docstring)
 @pytest.mark.timeout(900)
 def test_spark_shrinks_on_a_lost_host_and_grows_back_keras(whole, tmp_path, capfd):
     """Keras re-forms in place on the lost host (the survivors keep their processes), and grows

@@ -50,8 +50,10 @@ from tests.cluster.conftest import (
 )
 from tests.elastic import _jobs as _elastic
 
-# the job, in the first test's setup, takes minutes on 2 cores
-pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.timeout(900)]
+# the job, in the first test's setup, takes minutes on 2 cores; slow (`make test-slow`, the
+# suite's budget): the suite runs every op at 32 ranks and a growth in place to 32 on one host
+# (tests/scale/test_np64.py), and the hierarchical path, a lost host and its return on 2 hosts
+pytestmark = [pytest.mark.cluster, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
 
 HOSTS, CORES, NP = _scale_jobs.HOSTS, _scale_jobs.CORES, _scale_jobs.NP
 SMALL = NP - CORES  # a host lost

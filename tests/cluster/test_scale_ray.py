@@ -18,7 +18,7 @@ from tests.cluster._checks import assert_trained_like_one_process
 from tests.cluster.conftest import ray_on_hosts
 from tests.ray.conftest import live_actors, live_placement_groups
 
-# slow (`make test-slow`): the Spark module (test_scale.py) runs the same 32 ranks in the suite
+# slow (`make test-slow`), as the Spark module (test_scale.py) is
 pytestmark = [pytest.mark.cluster, pytest.mark.ray, pytest.mark.slow]
 
 HOSTS, CORES = _scale_jobs.HOSTS, _scale_jobs.CORES

@@ -11,6 +11,10 @@ rank's host reaches the dataset's files: files the driver and host1 hold in thei
 but host2 does not, are refused by host2's ranks as they build their loader, naming host2 (each
 host has its own /dev/shm; the rest of the disk is the driver's). Each test names the hosts its
 ranks ran on. Last, a driver of its own SIGKILLed mid-run: its ranks on both hosts end with it.
+
+The estimator's test and the killed driver's are `slow` (`make test-slow`; the suite's budget):
+the suite runs each on one host's two executors (tests/spark/estimator/test_estimator_cluster.py,
+tests/spark/test_driver_death.py).
 """
 
 from __future__ import annotations
@@ -122,6 +126,7 @@ def noted_places(job: str, seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return places
 
 
+@pytest.mark.slow  # the suite's budget: tests/spark/estimator/test_estimator_cluster.py
 def test_estimator_fits_and_transforms_across_hosts(spark_cluster, tmp_path):
     """TorchEstimator.fit on 4 ranks over both hosts, its store a folder the driver and every
     executor see; TorchModel.transform on the executors gives what the fitted model gives here."""
@@ -464,6 +469,7 @@ def segments_on_hosts(cluster: Cluster) -> dict[str, set[str]]:
     return found
 
 
+@pytest.mark.slow  # the suite's budget: tests/spark/test_driver_death.py on local-cluster
 def test_a_killed_drivers_ranks_on_every_host_are_gone_within_seconds(spark_cluster, tmp_path):
     """A driver of its own (its own SparkSession and application on this cluster, 4 ranks, 2
     per host) SIGKILLed mid-run: the ranks on both hosts (and the child each started) see its

@@ -6,12 +6,10 @@ levels under rank 0) and gloo connects its pairs on first use. Then an elastic r
 grown in place to 32: its world crosses the size from which gloo connects on first use, and the
 running ranks must connect its groups as the new rank does (they crashed in gloo before).
 
-The every-op jobs are marked `slow` (`make test-slow`; the 8-host cluster test runs every op at
-32 ranks in the suite): on 2 cores np 32 takes about 25 s, np 64 about 60 s (and about 11 GiB
-at its peak: a rank is about 240 MiB; a machine with less memory free skips it). The growth
-(about 45 s) is in the suite, except in a run that also runs tests/cluster/test_scale.py's
-elastic test where it can (root): its 28 ranks grown back in place to 32 cross gloo's lazy
-size alike (tests/conftest.py STAND_INS).
+On 2 cores np 32 takes about 25 s and the growth about 45 s: both are in the suite, hora's only
+32-rank jobs there (the 8-host cluster tests are `slow`). np 64 takes about 60 s and about 11
+GiB at its peak (a rank is about 240 MiB; a machine with less memory free skips it): `slow`
+(`make test-slow`).
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ GIB = 1 << 30
 MEMORY_NEEDED = {32: 10 * GIB, 64: 16 * GIB}
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("np", [32, 64])
+@pytest.mark.parametrize("np", [32, pytest.param(64, marks=pytest.mark.slow)])
 def test_every_op_gives_the_right_sums_on_many_ranks_of_one_host(np: int) -> None:
     free = psutil.virtual_memory().available
     if free < MEMORY_NEEDED[np]:
