@@ -18,7 +18,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from hora import environment, placement
 from hora.job.records import Records
@@ -87,6 +87,12 @@ def hear(world: World, message: Any) -> Any:
     return None
 
 
+class Ear(Protocol):
+    """What the hands ask of the attempt's ear (`hora.job.hearing.Hearing`, a floor above)."""
+
+    def forget_stall(self) -> None: ...
+
+
 class Hands:
     """What carries an attempt's decisions out on its ranks (`hands(decision)`): the world's
     (`group`: the engine's, which starts new ranks), each at once, its record for the
@@ -94,7 +100,7 @@ class Hands:
     are forgotten. A world changed forgets the stall its ranks reported (`hearing`)."""
 
     def __init__(
-        self, records: Records, group: Any, hearing: Any, callbacks: Sequence[Any] = ()
+        self, records: Records, group: Any, hearing: Ear, callbacks: Sequence[Any] = ()
     ) -> None:
         self.records = records
         self.group = group
