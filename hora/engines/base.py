@@ -140,6 +140,13 @@ class Launcher(ABC):
         `hora.job.driver` adds it to the engine's count. 0 by default."""
         return 0
 
+    def slots_settled(self, held: int) -> bool:
+        """Whether the engine's count of slots is true now, while the attempt holds `held`
+        ranks, though it may lag in general (not `capabilities.exact_count`): every slot its
+        lost ranks held is known free, on a worker still counted and alive. The growth watch of
+        `hora.job.driver` then grows back at once, without the settle time. False by default."""
+        return False
+
     @abstractmethod
     def stop(self) -> None:
         """Stop every worker (SIGTERM, then SIGKILL) and release all resources. Idempotent:

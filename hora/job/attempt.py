@@ -210,7 +210,9 @@ class AttemptController:
             return
         watch = growth.watch
         if self.np != watch.np or growth.in_place:  # resized, or the growth given up
-            growth.watch = watch = FreeSlots(self.np, watch.capacity, watch.steady)
+            growth.watch = watch = FreeSlots(
+                self.np, watch.capacity, watch.steady, watch.poll, watch.settled
+            )
             growth.in_place = False
         if self.np >= growth.max_np or not watch.due(now):
             return

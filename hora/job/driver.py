@@ -57,6 +57,8 @@ class StartableGroup(Group, Protocol):
 
     def spare(self) -> int: ...
 
+    def slots_settled(self, held: int) -> bool: ...
+
 
 #: builds the (not yet started) group of one attempt: the engine's launcher, given its spec
 NewGroup = Callable[[AttemptSpec], StartableGroup]
@@ -251,6 +253,8 @@ class Job:
         count = sizer.capacity
         steady = sizer.settle if self._settles else 0.0
         watch = FreeSlots(attempt.np, lambda held: count(held + _spare(group)), steady)
+        if group is not None and not settle_given():  # the engine's settle time, not the user's
+            watch.settled = group.slots_settled  # skipped where a lost rank's slot is known free
         return Growth(watch, sizer.max_np, restart)
 
 

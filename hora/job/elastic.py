@@ -86,17 +86,33 @@ class Sizer:
             self.sleep(min(POLL_SECONDS, max(0.0, wait - waited)))
 
 
+#: whether the engine's count may be used at once while the attempt holds `held` ranks: every
+#: slot its lost ranks held is known free (`hora.engines.Launcher.slots_settled`)
+Settled = Callable[[int], bool]
+
+
+def _never(held: int) -> bool:
+    return False
+
+
 class FreeSlots:
     """While an attempt of `np` ranks runs: `due()` turns True once, when the cluster could run
-    more of them and has for `steady` seconds."""
+    more of them and has for `steady` seconds, or at once where `settled` says the count is
+    true now (a lost rank's slot known free: no lost host's slots still counted in it)."""
 
     def __init__(
-        self, np: int, capacity: Capacity, steady: float, poll: float = POLL_SECONDS
+        self,
+        np: int,
+        capacity: Capacity,
+        steady: float,
+        poll: float = POLL_SECONDS,
+        settled: Settled = _never,
     ) -> None:
         self.np = np
         self.capacity = capacity
         self.steady = steady
         self.poll = poll
+        self.settled = settled
         self.seen = np
         self.fired = False
         self._since: float | None = None
@@ -112,8 +128,15 @@ class FreeSlots:
             return False
         if self._since is None:
             self._since = now
-        self.fired = now - self._since >= self.steady
+        self.fired = now - self._since >= self.steady or _settled(self.settled, self.np)
         return self.fired
+
+
+def _settled(settled: Settled, held: int) -> bool:
+    """Whether the count is true now; False while the engine cannot say (as `_count`)."""
+    with contextlib.suppress(Exception):
+        return settled(held)
+    return False
 
 
 @dataclass

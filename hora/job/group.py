@@ -44,6 +44,10 @@ class WorkerGroup:
         """Ranks the attempt could add in what it holds already (`Launcher.spare`)."""
         return self.launcher.spare()
 
+    def slots_settled(self, held: int) -> bool:
+        """Whether the engine's count is true now, with `held` ranks (`Launcher.slots_settled`)."""
+        return self.launcher.slots_settled(held)
+
     def start(self) -> None:
         secret = channel.new_secret()
         host = self.launcher.channel_host

@@ -16,7 +16,7 @@ from hora.config import ELASTIC_MAX_RESTARTS, RunConfig
 from hora.engines import AttemptSpec, Capabilities
 from hora.errors import WorkerFailedError
 from hora.job.driver import Attempt, Job
-from hora.job.elastic import FreeSlots, Sizer
+from hora.job.elastic import SETTLE_ENV, FreeSlots, Sizer
 from hora.wire import link
 from hora.wire.protocol import (
     Exited,
@@ -119,6 +119,43 @@ def test_the_growth_watch_asks_once_after_the_count_held_and_only_while_budget_i
     assert job._growth(Attempt(0, 1, 2)) is not None
     assert job._growth(Attempt(1, 1, 2)) is None  # no attempt left to grow into
     assert job._growth(Attempt(0, 1, 4)) is None  # already max_np
+
+
+def test_the_growth_watch_skips_the_settle_time_while_the_engine_says_its_count_is_true():
+    """`settled(held)`: the engine knows the lost ranks' slots free (`Launcher.slots_settled`);
+    it is asked only once the count rose, and an error is a no (the settle time holds)."""
+    asked: list[int] = []
+    answers = iter([False, True])
+
+    def settled(held: int) -> bool:
+        asked.append(held)
+        return next(answers)
+
+    counts = iter([2, 3, 3])
+    watch = FreeSlots(2, lambda held: next(counts), steady=60.0, poll=1.0, settled=settled)
+    assert [watch.due(t) for t in (0.0, 1.0, 2.0, 3.0)] == [False, False, True, False]
+    assert asked == [2, 2]
+
+    def broken(held: int) -> bool:
+        raise RuntimeError("the engine cannot say")
+
+    watch = FreeSlots(2, lambda held: 3, steady=2.0, poll=1.0, settled=broken)
+    assert [watch.due(t) for t in (0.0, 1.0, 2.0)] == [False, False, True]
+
+
+def test_the_growth_watch_asks_the_group_whether_its_count_is_true_unless_the_user_set_it(
+    monkeypatch,
+):
+    """HORA_ELASTIC_SETTLE_SECONDS, where set, is waited whatever the engine knows."""
+    config = RunConfig(np=2, min_np=1, max_np=4, max_restarts=1)
+    job = Job(config, b"", lambda spec: None, capacity=lambda spec, held: 4)  # type: ignore[arg-type]
+    group = FakeGroup([], {})
+    monkeypatch.delenv(SETTLE_ENV, raising=False)
+    growth = job._growth(Attempt(0, 1, 2), group=group)
+    assert growth is not None and growth.watch.settled == group.slots_settled
+    monkeypatch.setenv(SETTLE_ENV, "1")
+    growth = job._growth(Attempt(0, 1, 2), group=group)
+    assert growth is not None and growth.watch.settled != group.slots_settled
 
 
 def test_a_growth_s_next_attempt_waits_for_the_count_it_grew_for_up_to_the_settle_time():

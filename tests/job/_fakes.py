@@ -36,6 +36,9 @@ class FakeGroup:
     def spare(self) -> int:
         return 0
 
+    def slots_settled(self, held: int) -> bool:
+        return False
+
     def __init__(self, script: list[object], env: dict[str, str]) -> None:
         self.events: queue.Queue = queue.Queue()
         self.script = script

@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
 
 import hora
 from hora.engines.spark import failures as _spark_failures
+from hora.job import elastic as job_elastic
 from tests import _workers
+from tests.elastic import _jobs as _elastic
 from tests.spark import _jobs
 from tests.spark.conftest import start_spark, stop_spark
 
@@ -206,8 +209,6 @@ def test_an_elastic_run_s_survivors_of_a_lost_spark_task_re_form_and_grow_back_i
     settle time has passed a new task joins it in place, the run going on at 2 from rank 0's
     state. Every sample of every epoch once; the weights those of one process on the same
     steps; the lost task's job ends with the run."""
-    from tests.elastic import _jobs as _elastic
-
     monkeypatch.setenv("HORA_ELASTIC_SETTLE_SECONDS", "1")
     (tmp_path / _elastic.BACK_MARK).touch()  # the slot is free again at once
     plan = _elastic.Plan(
@@ -234,3 +235,44 @@ def test_an_elastic_run_s_survivors_of_a_lost_spark_task_re_form_and_grow_back_i
     assert "hora: resized in place from 2 to 1 ranks in " in err, err
     assert "its Spark task ended before its worker exited" in err, err
     assert "hora: resized in place from 1 to 2 ranks in " in err, err
+
+
+def test_an_elastic_run_grows_back_at_once_where_the_lost_rank_s_task_ended_by_itself(
+    spark, tmp_path, monkeypatch
+):
+    """The engine's settle time (here 120 s, longer than the run may take) is waited before a
+    growth where Spark's count may still hold a lost executor's slots. A rank that died under
+    its live task ends that task by itself (its supervisor returns): its slot is free on an
+    executor Spark still has, so the run grows back in place at once."""
+    plan = _settle_outlasting_run(tmp_path, monkeypatch, "self")
+    results = hora.run(_elastic.train, (plan,), np=2, min_np=1, backend="spark", timeout=100)
+    steps, worlds, _ = _elastic.kept_steps(str(tmp_path))
+    assert worlds == [2, 1, 2], worlds
+    assert _elastic.samples_per_epoch(steps) == {e: list(range(96)) for e in range(plan.epochs)}
+    assert len(results) == 2
+
+
+def test_a_lost_rank_s_failed_spark_task_keeps_the_settle_time_before_a_growth(
+    spark, tmp_path, monkeypatch, capfd
+):
+    """A task that failed (its Python worker killed, as when its executor is lost) does not
+    say its slot is free: the growth waits the settle time (120 s), so the rank that holds its
+    commit until the run grows is still waiting at the run's timeout."""
+    plan = _settle_outlasting_run(tmp_path, monkeypatch, "actor")
+    with pytest.raises(hora.errors.RunTimeoutError):
+        hora.run(_elastic.train, (plan,), np=2, min_np=1, backend="spark", timeout=25)
+    err = capfd.readouterr().err
+    assert "hora: resized in place from 2 to 1 ranks in " in err, err
+    assert "growing in place" not in err, err
+
+
+def _settle_outlasting_run(tmp_path: Any, monkeypatch: Any, fault: str) -> _elastic.Plan:
+    """np=2, min_np=1 whose last rank is lost at its first commit ("self": it SIGKILLs itself;
+    "actor": it SIGKILLs its task's Python worker); rank 0 then holds its next commit until the
+    run grows; the engine's settle time (no HORA_ELASTIC_SETTLE_SECONDS) 120 s."""
+    monkeypatch.delenv(job_elastic.SETTLE_ENV, raising=False)
+    monkeypatch.setattr(job_elastic, "DEFAULT_SETTLE_SECONDS", 120.0)
+    (tmp_path / _elastic.BACK_MARK).touch()  # the slot is free again at once
+    return _elastic.Plan(
+        str(tmp_path), full=2, samples=96, commit_every=3, fault=fault, wait_for_return=True
+    )

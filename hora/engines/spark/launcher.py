@@ -134,6 +134,8 @@ class SparkLauncher(Launcher):
         self._joining_slots: list[int] = []
         self._supervisors: dict[int, Connection] = {}
         self._exited: set[int] = set()
+        self._running: set[int] = set()  # tasks (slots) of an elastic run whose job still runs
+        self._task_lost = False  # a task of an elastic run failed (its executor lost?) or retried
         self._planned = False  # every task has registered and been told to start its rank
         self._stopping = threading.Event()
         self._inbox: queue.Queue = queue.Queue()
@@ -165,7 +167,7 @@ class SparkLauncher(Launcher):
             self._start_thread(partial(self._run_stage, spec), "hora-spark-stage")
             return
         for slot in range(self._np):
-            self._start_thread(partial(self._run_alone, spec, slot), f"hora-spark-rank-{slot}")
+            self._start_alone(spec, slot)
 
     def _start_thread(self, target: Any, name: str) -> None:
         thread = self.session.thread(target, name=name)
@@ -181,6 +183,11 @@ class SparkLauncher(Launcher):
             if not self._stopping.is_set():
                 self._report_stage_failure(self._read(exc, driver))
 
+    def _start_alone(self, spec: TaskSpec, slot: int) -> None:
+        with self._lock:
+            self._running.add(slot)
+        self._start_thread(partial(self._run_alone, spec, slot), f"hora-spark-rank-{slot}")
+
     def _run_alone(self, spec: TaskSpec, slot: int) -> None:
         """One rank's task as a Spark job of its own; its failure is its rank's alone."""
         driver = _spark_entry.runtime()
@@ -189,8 +196,22 @@ class SparkLauncher(Launcher):
         try:
             self.session.run_alone(driver, dataclasses.asdict(spec), self.tag, description)
         except Exception as exc:
+            with self._lock:
+                self._task_lost = True
             if not self._stopping.is_set():  # Spark names partition 0 of the job: the slot's
                 self._report_stage_failure(dataclasses.replace(self._read(exc, driver), task=slot))
+        finally:
+            with self._lock:
+                self._running.discard(slot)
+
+    def slots_settled(self, held: int) -> bool:
+        """Spark's count is true now where every task of a lost rank has ended by itself (its
+        supervisor returned once its worker was gone): its slot is free on an executor Spark
+        still has. A task that failed or was retried (a lost executor, which may take a moment
+        to leave the count or be replaced) or still runs (a silent host's) keeps the settle
+        time: the growth could otherwise wait start_timeout for a slot that is not there."""
+        with self._lock:
+            return not self._task_lost and len(self._running) == held
 
     def _read(self, exc: Exception, driver: dict[str, str]) -> _spark_failures.StageFailure:
         connect = self.session.kind == "connect"
@@ -248,6 +269,7 @@ class SparkLauncher(Launcher):
             # Spark re-attempted a task or the whole stage: never train the same rank twice.
             # an elastic run's lost rank's task: its loss is reported already
             if self.capabilities.reforms_in_place:
+                self._task_lost = True  # a retry: the first try failed (its executor lost?)
                 with contextlib.suppress(OSError):
                     conn.send(Refuse("its rank was lost; the others went on without it"))
                 return
@@ -310,8 +332,7 @@ class SparkLauncher(Launcher):
             # until their hosts are known, a failure of a task is that of some new rank
             self._rank_of.update(zip(self._joining_slots, (i for i, _ in joiners), strict=True))
         for slot in self._joining_slots:
-            job = partial(self._run_alone, self._task_spec, slot)
-            self._start_thread(job, f"hora-spark-rank-{slot}")
+            self._start_alone(self._task_spec, slot)
 
     def _start_joiners(self) -> None:
         """Every added task is up: place them after the running ranks and start their ranks."""
