@@ -1,37 +1,30 @@
 """The Spark engine's launcher: one barrier stage of `np` tasks, one rank per task.
 
-Each task is a supervisor (`task.supervise`) that starts the worker in a fresh Python
-process; the workers then talk to the driver's job channel exactly as local workers do. This
-launcher is the supervisors' side on the driver: it hosts the torch store (as the local launcher
-does, so no rank races for a port), acts as the rendezvous (every task reports its host and GPUs,
-and once all have, each gets the plan; Spark's own `allGather` costs a second per call), relays
-output lines and exit codes to the job, and stops everything: first by telling the supervisors,
-then by cancelling the stage by its tag.
-
-The stage itself is the session's (`base.Session`): an RDD barrier stage on a classic
-session (`classic`), a barrier `mapInArrow` on a Spark Connect one (`connect`); everything else
-here is the same for both.
+Each task is a supervisor (`task.supervise`) that starts the worker in a fresh Python process;
+the workers then talk to the driver's job channel as local workers do. This launcher is the
+supervisors' side on the driver: it hosts the torch store (no rank races for a port), acts as
+the rendezvous (every task reports its host and GPUs, then each gets the plan; Spark's own
+`allGather` costs a second per call), relays output and exit codes, and stops everything: first
+by telling the supervisors, then by cancelling the stage by its tag. The stage itself is the
+session's (`base.Session`): an RDD barrier stage on a classic session, a barrier `mapInArrow`
+on a Spark Connect one; the rest is the same for both.
 
 Each task first runs `entry` (shipped by value), which refuses to start a rank on a Python
-unlike the driver's, or where it cannot reach the driver; on a local or local-cluster master
-the tasks of a classic session get the driver's interpreter in the first place
-(`checks.python_for_tasks`). A failed stage is reported as the task that failed and why
-(`failures`), never as a rank that did not run.
-
-A rank is started at most once per run: if Spark ever re-attempts a task or the stage, the
-supervisor of the re-attempt is refused and the job fails, rather than re-running a
-half-finished training behind the user's back.
+unlike the driver's, or where it cannot reach the driver (on a local or local-cluster master a
+classic session's tasks get the driver's interpreter: `checks.python_for_tasks`). A failed
+stage is reported as the task that failed and why (`failures`), never as a rank that did not
+run. A rank is started at most once per run: a re-attempted task or stage is refused and the
+job fails, rather than re-running a half-finished training behind the user's back.
 
 An elastic run (classic session) runs each rank's task as a Spark job of its own instead
-(`Session.run_alone`), all under the run's tag: a barrier stage fails as a whole, and Spark
-kills every task of it when one is lost, so the survivors could not re-form their world in
-place (`hora.job.in_place`). What that trades: Spark's all-or-nothing start of a barrier stage
-(the launcher's rendezvous still starts no rank before every task is up, and the slot check
-still runs first), BarrierTaskContext's `barrier`/`allGather` in the ranks (they say so), and
-one line in the Spark UI (one job per rank). A lost task's re-attempt by Spark is refused
-quietly: its loss was reported when its first attempt's channel closed. A rank that fails under
-its live task (its worker killed or crashed) ends that task at once, not with the attempt: its
-slot is then free for a rank that grows the world back, which Spark would otherwise queue.
+(`Session.run_alone`), all under the run's tag: a barrier stage fails as a whole (Spark kills
+every task of it when one is lost), so the survivors could not re-form in place
+(`hora.job.in_place`). What that trades: Spark's all-or-nothing start of a barrier stage (the
+rendezvous still starts no rank before every task is up, and the slot check still runs first),
+BarrierTaskContext's `barrier`/`allGather` in the ranks (they say so), and one line in the
+Spark UI (one job per rank). A lost task's re-attempt is refused quietly (its loss was reported
+when its first channel closed). A rank that fails under its live task ends that task at once:
+its slot is then free for a rank that grows the world back, which Spark would otherwise queue.
 """
 
 from __future__ import annotations
@@ -68,6 +61,7 @@ from hora.engines import (
     Stop,
     TaskReady,
 )
+from hora.engines.spark import capacity as _capacity
 from hora.engines.spark import checks as _spark_checks
 from hora.engines.spark import entry as _spark_entry
 from hora.engines.spark import failures as _spark_failures
@@ -134,8 +128,7 @@ class SparkLauncher(Launcher):
         self._joining_slots: list[int] = []
         self._supervisors: dict[int, Connection] = {}
         self._exited: set[int] = set()
-        self._running: set[int] = set()  # tasks (slots) of an elastic run whose job still runs
-        self._task_lost = False  # a task of an elastic run failed (its executor lost?) or retried
+        self._tally = _capacity.TaskTally()  # an elastic run's tasks: is Spark's count true?
         self._planned = False  # every task has registered and been told to start its rank
         self._stopping = threading.Event()
         self._inbox: queue.Queue = queue.Queue()
@@ -184,8 +177,7 @@ class SparkLauncher(Launcher):
                 self._report_stage_failure(self._read(exc, driver))
 
     def _start_alone(self, spec: TaskSpec, slot: int) -> None:
-        with self._lock:
-            self._running.add(slot)
+        self._tally.started(slot)
         self._start_thread(partial(self._run_alone, spec, slot), f"hora-spark-rank-{slot}")
 
     def _run_alone(self, spec: TaskSpec, slot: int) -> None:
@@ -196,22 +188,15 @@ class SparkLauncher(Launcher):
         try:
             self.session.run_alone(driver, dataclasses.asdict(spec), self.tag, description)
         except Exception as exc:
-            with self._lock:
-                self._task_lost = True
+            self._tally.ended(slot, failed=True)
             if not self._stopping.is_set():  # Spark names partition 0 of the job: the slot's
                 self._report_stage_failure(dataclasses.replace(self._read(exc, driver), task=slot))
-        finally:
-            with self._lock:
-                self._running.discard(slot)
+        else:
+            self._tally.ended(slot)
 
     def slots_settled(self, held: int) -> bool:
-        """Spark's count is true now where every task of a lost rank has ended by itself (its
-        supervisor returned once its worker was gone): its slot is free on an executor Spark
-        still has. A task that failed or was retried (a lost executor, which may take a moment
-        to leave the count or be replaced) or still runs (a silent host's) keeps the settle
-        time: the growth could otherwise wait start_timeout for a slot that is not there."""
-        with self._lock:
-            return not self._task_lost and len(self._running) == held
+        """Whether Spark's count is true now (`capacity.TaskTally` says when)."""
+        return self._tally.settled(held)
 
     def _read(self, exc: Exception, driver: dict[str, str]) -> _spark_failures.StageFailure:
         connect = self.session.kind == "connect"
@@ -269,7 +254,7 @@ class SparkLauncher(Launcher):
             # Spark re-attempted a task or the whole stage: never train the same rank twice.
             # an elastic run's lost rank's task: its loss is reported already
             if self.capabilities.reforms_in_place:
-                self._task_lost = True  # a retry: the first try failed (its executor lost?)
+                self._tally.retried()
                 with contextlib.suppress(OSError):
                     conn.send(Refuse("its rank was lost; the others went on without it"))
                 return
@@ -364,14 +349,9 @@ class SparkLauncher(Launcher):
         task = self._slot_of(rank)
         host = self._tasks.get(task, {}).get("host")
         several = len({info.get("host") for info in self._tasks.values()}) > 1
-        self._report(
-            EngineFailed(
-                rank,
-                "its Spark task ended before its worker exited (executor lost, or task killed)",
-                "",
-                f"rank {rank} failed on host {host}" if host and several else "",
-            )
-        )
+        why = "its Spark task ended before its worker exited (executor lost, or task killed)"
+        who = f"rank {rank} failed on host {host}" if host and several else ""
+        self._report(EngineFailed(rank, why, "", who))
 
     def _slot_of(self, rank: int) -> int:
         """The task of the rank the driver knows as `rank`."""
