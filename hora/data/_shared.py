@@ -11,6 +11,9 @@ mapped on both sides, with no page faults and no descriptor to pass.
 from __future__ import annotations
 
 import collections
+import contextlib
+import glob
+import os
 from typing import Any
 
 import numpy as np
@@ -24,6 +27,15 @@ _ALIGN = 64
 KEEP_FREE = 2
 #: batches the rank watches for their release; an older one is left to its holder
 WATCHED = 64
+
+
+def remove_names_left(pid: int | None, folder: str = "/dev/shm") -> None:
+    """Unlink the segment names process `pid` (a worker, gone) left: torch names a new segment
+    `torch_<pid>_<n>_<m>` and unlinks the name at once, so only a worker killed in between
+    leaves one, which nothing would ever remove."""
+    for path in glob.glob(os.path.join(folder, f"torch_{pid}_*")) if pid else ():
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _bytes(storage: Any) -> np.ndarray:

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 from hora import environment
 from hora.data._plan import Plan, Run
-from hora.data._shared import Borrower
+from hora.data._shared import Borrower, remove_names_left
 from hora.data._work import (
     BATCH,
     DROP,
@@ -350,6 +350,7 @@ class WorkerPool:
             if process.is_alive():
                 process.kill()
                 process.join()
+            remove_names_left(process.pid)  # a worker killed while it made a segment
         for connection in self._inputs + self._outputs:
             connection.close()
         for end in self._descriptors:

@@ -76,7 +76,6 @@ class Job:
         new_group: NewGroup,
         policy: FailurePolicy | None = None,
         capacity: EngineCapacity | None = None,
-        commits_here: bool = False,
     ):
         self.config = config
         # the job pickled, or how to get it once the first group is built (the launcher says
@@ -98,7 +97,6 @@ class Job:
         # One for the run: a restarted attempt's reports follow the ones before it.
         self.metrics = MetricsLog(config.reporters(), progress=config.progress)
         self.run_id = uuid.uuid4().hex[:16]  # every attempt's: where the ranks keep commits
-        self.commits_here = commits_here  # every rank runs on this host: remove them at the end
         self.sizer: Sizer | None = None
         if config.elastic:
             if capacity is None:
@@ -148,8 +146,9 @@ class Job:
             self.metrics.close()
             if self.output_files is not None:
                 self.output_files.close()
-            if self.commits_here:
-                remove_host_commits(self.run_id)
+            # this host's commits of the run, however it ended (a failed or timed-out run's
+            # included: nothing resumes them); other hosts' go with the run's last ranks, or stale
+            remove_host_commits(self.run_id)
 
     # -- what follows an attempt ------------------------------------------------------------
     def _size(self, settle: bool, want: int | None, deadline: float | None) -> Decision:

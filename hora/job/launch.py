@@ -54,7 +54,6 @@ def launch_with_metrics(
             payload.append(dumps_job(fn, tuple(args), dict(kwargs), by_value))
         return WorkerGroup(launcher, engine.rank_setup)
 
-    here = engine.ranks_run is engines.RanksRun.HERE
-    job = Job(config, pickled, new_group, capacity=engine.free_ranks, commits_here=here)
+    job = Job(config, pickled, new_group, capacity=engine.free_ranks)
     results = job.run()
     return results, job.metrics.history()

@@ -153,6 +153,23 @@ def slow(batch):
     return decode(batch)
 
 
+def test_the_segment_names_a_killed_worker_left_are_removed_and_no_other(tmp_path):
+    """torch names a new segment `torch_<pid>_...` and unlinks the name at once: a worker
+    SIGKILLed in between leaves the name, which the loader's close removes by the pid."""
+    from hora.data._shared import remove_names_left
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    left = [tmp_path / f"torch_{gone.pid}_1234_{n}" for n in (0, 1)]
+    others = [tmp_path / f"torch_{gone.pid}1_1234_0", tmp_path / f"torch_{os.getpid()}_1_0"]
+    for path in left + others:
+        path.touch()
+    remove_names_left(gone.pid, str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in others)
+    remove_names_left(None, str(tmp_path))  # a worker that never started: nothing
+    assert len(list(tmp_path.iterdir())) == 2
+
+
 def test_a_killed_worker_fails_the_rank_and_ends_the_others(images):
     shm_before = set(os.listdir("/dev/shm"))
     (loader,) = world(images, 1, 2, transform=slow, batch=30, prefetch=1 << 20)

@@ -257,13 +257,19 @@ def test_a_lost_rank_s_failed_spark_task_keeps_the_settle_time_before_a_growth(
 ):
     """A task that failed (its Python worker killed, as when its executor is lost) does not
     say its slot is free: the growth waits the settle time (120 s), so the rank that holds its
-    commit until the run grows is still waiting at the run's timeout."""
+    commit until the run grows is still waiting at the run's timeout. The timed-out run's
+    commits on this host (its ranks' /dev/shm) are gone with it: nothing resumes them."""
+    from hora.checkpoint._commits import _root as commit_stores
+
     plan = _settle_outlasting_run(tmp_path, monkeypatch, "actor")
+    before = set(commit_stores().iterdir()) if commit_stores().exists() else set()
     with pytest.raises(hora.errors.RunTimeoutError):
         hora.run(_elastic.train, (plan,), np=2, min_np=1, backend="spark", timeout=25)
     err = capfd.readouterr().err
     assert "hora: resized in place from 2 to 1 ranks in " in err, err
     assert "growing in place" not in err, err
+    after = set(commit_stores().iterdir()) if commit_stores().exists() else set()
+    assert after <= before, after - before
 
 
 def _settle_outlasting_run(tmp_path: Any, monkeypatch: Any, fault: str) -> _elastic.Plan:
