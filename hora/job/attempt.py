@@ -20,7 +20,7 @@ from typing import Any
 from hora.engines import Capabilities
 from hora.job import in_place
 from hora.job.callbacks import MonitorCallback
-from hora.job.elastic import FreeSlots, Growth
+from hora.job.elastic import Growth
 from hora.job.failures import Failure, not_started, past_timeout, story
 from hora.job.hearing import Hearing
 from hora.job.outcome import Ended, Failed, Finished, Limits, Outcome, StoppedToGrow, TimedOut
@@ -210,9 +210,7 @@ class AttemptController:
             return
         watch = growth.watch
         if self.np != watch.np or growth.in_place:  # resized, or the growth given up
-            growth.watch = watch = FreeSlots(
-                self.np, watch.capacity, watch.steady, watch.poll, watch.settled
-            )
+            growth.watch = watch = watch.anew(self.np)
             growth.in_place = False
         if self.np >= growth.max_np or not watch.due(now):
             return

@@ -131,6 +131,11 @@ class FreeSlots:
         self.fired = now - self._since >= self.steady or _settled(self.settled, self.np)
         return self.fired
 
+    def anew(self, np: int) -> FreeSlots:
+        """The same watch, from the start, for an attempt of `np` ranks (resized in place, or
+        its growth given up): every setting kept, none to forget at the call."""
+        return FreeSlots(np, self.capacity, self.steady, self.poll, self.settled)
+
 
 def _settled(settled: Settled, held: int) -> bool:
     """Whether the count is true now; False while the engine cannot say (as `_count`)."""
